@@ -1,0 +1,56 @@
+// swift-tools-version: 6.0
+// blebridge: a BLE-to-MQTT bridge for Linux (BlueZ over D-Bus, MQTT over libmosquitto).
+//
+// Layering (dependencies only point downwards):
+//   C module maps (CDBus, CMosquitto, CYAML, CCrypto)
+//   -> DBus (Swift over libdbus) -> BlueZ (typed org.bluez client)
+//   -> MQTT (Swift over libmosquitto)
+//   -> GATT (pure Swift parsers, no C, no I/O); GATTCrypto (AES-CCM from libcrypto, injected into GATT)
+//   -> YAML (libyaml -> a plain value tree with key paths)
+//   -> BlueZSimulator (a bluetoothd look-alike over DBus), BridgeTools (the CLI subcommands)
+//   -> executables: blebridge, bluez-sim, benchmarks
+import PackageDescription
+
+let package = Package(
+    name: "blebridge",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "blebridge", targets: ["blebridge"]),
+        .executable(name: "bluez-sim", targets: ["bluez-sim"]),
+    ],
+    targets: [
+        // C libraries from Debian's -dev packages.
+        .systemLibrary(name: "CDBus", pkgConfig: "dbus-1", providers: [.apt(["libdbus-1-dev"])]),
+        .systemLibrary(name: "CMosquitto", pkgConfig: "libmosquitto", providers: [.apt(["libmosquitto-dev"])]),
+        .systemLibrary(name: "CYAML", pkgConfig: "yaml-0.1", providers: [.apt(["libyaml-dev"])]),
+        .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
+
+        // Swift layers.
+        .target(name: "DBus", dependencies: ["CDBus"]),
+        .target(name: "BlueZ", dependencies: ["DBus"]),
+        .target(name: "MQTT", dependencies: ["CMosquitto"]),
+        .target(name: "GATT"),
+        .target(name: "GATTCrypto", dependencies: ["GATT", "CCrypto"]),
+        .target(name: "YAML", dependencies: ["CYAML"]),
+        .target(name: "BlueZSimulator", dependencies: ["DBus", "YAML"]),
+        .target(name: "BridgeTools", dependencies: ["BlueZ", "GATT", "GATTCrypto"]),
+
+        // Executables: wiring only.
+        .executableTarget(name: "blebridge", dependencies: ["BridgeTools"]),
+        .executableTarget(name: "bluez-sim", dependencies: ["BlueZSimulator"]),
+        .executableTarget(name: "bench-gatt", dependencies: ["GATT", "GATTCrypto"]),
+        .executableTarget(name: "bench-mqtt", dependencies: ["MQTT"]),
+        .executableTarget(name: "bench-notify", dependencies: ["DBus"]),
+
+        // Tests.
+        .target(name: "TestSupport", path: "Tests/TestSupport"),
+        .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport"]),
+        .testTarget(name: "YAMLTests", dependencies: ["YAML"]),
+        .testTarget(name: "SimulatorTests", dependencies: ["BlueZSimulator", "DBus", "TestSupport"]),
+        .testTarget(name: "BlueZTests", dependencies: ["BlueZ", "DBus", "TestSupport"]),
+        .testTarget(name: "MQTTTests", dependencies: ["MQTT", "TestSupport"]),
+        .testTarget(name: "GATTTests", dependencies: ["GATT", "GATTCrypto", "TestSupport"]),
+        .testTarget(name: "CLITests", dependencies: ["TestSupport"]),
+    ],
+    swiftLanguageModes: [.v6]
+)

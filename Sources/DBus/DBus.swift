@@ -1,0 +1,1 @@
+// DBus: see Package.swift for this target's place in the layering.

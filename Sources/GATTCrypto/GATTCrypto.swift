@@ -1,0 +1,1 @@
+// GATTCrypto: see Package.swift for this target's place in the layering.

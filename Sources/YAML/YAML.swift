@@ -1,0 +1,1 @@
+// YAML: see Package.swift for this target's place in the layering.

@@ -1,0 +1,5 @@
+import Testing
+
+@Test func targetBuilds() {
+    #expect(Bool(true))
+}

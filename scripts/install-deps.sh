@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs everything blebridge needs to build, test and run its demo on Debian 12.
+# Idempotent: skips what is already there. Needs root (or sudo) for apt-get.
+set -euo pipefail
+
+DEBS=(pkg-config libdbus-1-dev dbus-daemon dbus-bin libmosquitto-dev mosquitto mosquitto-clients
+      libyaml-dev libssl-dev bluez openssl)
+PY=(bleak paho-mqtt pytest)
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+missing=()
+for p in "${DEBS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "install-deps: installing Debian packages: ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+pymissing=()
+for m in bleak paho.mqtt pytest; do
+    "$PYTHON" -c "import $m" 2>/dev/null || pymissing+=("$m")
+done
+if [ ${#pymissing[@]} -gt 0 ]; then
+    echo "install-deps: installing Python test tools: ${PY[*]}"
+    "$PYTHON" -m pip install -q "${PY[@]}"
+fi
+
+if ! command -v swift >/dev/null 2>&1; then
+    for d in /opt/swift/usr/bin /usr/share/swift/usr/bin; do
+        [ -x "$d/swift" ] && export PATH="$d:$PATH"
+    done
+fi
+command -v swift >/dev/null || { echo "install-deps: swift toolchain not found (expected Swift 6.3 on PATH)" >&2; exit 1; }

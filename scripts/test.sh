@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs blebridge's whole test suite on a fresh Debian 12 machine: installs what it needs, builds,
+# runs the Swift tests (unit + integration against a private dbus-daemon, mosquitto and bluez-sim)
+# and the Python fidelity tests (bleak, paho-mqtt, bluetoothctl as independent clients).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/install-deps.sh
+[ -d /opt/swift/usr/bin ] && export PATH="/opt/swift/usr/bin:$PATH"
+
+echo "== build"
+swift build --build-tests 2>&1 | grep -vE '^\[[0-9]+/[0-9]+\]' || { echo "build failed" >&2; exit 1; }
+BIN_DIR="$(swift build --show-bin-path)"
+export BLEBRIDGE_BIN_DIR="$BIN_DIR"
+
+echo "== python fidelity tests (bleak, bluetoothctl, paho-mqtt against our binaries)"
+python3 -m pytest -q Tests/fidelity
+
+echo "== swift tests"
+swift test --skip-build --parallel --num-workers 2
