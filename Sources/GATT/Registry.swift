@@ -1,0 +1,86 @@
+// The explicit parser registry: built-in parsers, then parsers declared in the config.
+
+/// A duplicate or otherwise invalid registration; raised at start-up.
+public struct GATTRegistryError: Error, Sendable, Equatable, CustomStringConvertible {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// Looks up characteristic and advertisement parsers by UUID (any of the 16-, 32- or 128-bit forms) or name.
+public struct GATTParserRegistry: Sendable {
+    private var byUUID: [BluetoothUUID: any GATTCharacteristicParser] = [:]
+    private var byName: [String: any GATTCharacteristicParser] = [:]
+    private var advertisementsBySource: [AdvertisementSource: any AdvertisementParser] = [:]
+
+    /// An empty registry.
+    public init() {}
+
+    /// The built-in characteristic and advertisement parsers.
+    public static func builtIn() throws(GATTRegistryError) -> GATTParserRegistry {
+        var registry = GATTParserRegistry()
+        for parser in BuiltInCharacteristicParsers.all { try registry.register(parser) }
+        for parser in BuiltInAdvertisementParsers.all { try registry.register(parser) }
+        return registry
+    }
+
+    /// Adds a characteristic parser. Throws when one of its UUIDs or its name is already taken, naming both.
+    public mutating func register(_ parser: any GATTCharacteristicParser) throws(GATTRegistryError) {
+        for uuid in parser.uuids {
+            if let existing = byUUID[uuid] {
+                throw GATTRegistryError(
+                    "duplicate parser for characteristic \(uuid): '\(parser.name)' and '\(existing.name)'")
+            }
+        }
+        if let existing = byName[parser.name], existing.uuids != parser.uuids {
+            throw GATTRegistryError("duplicate parser name '\(parser.name)' (\(existing.uuids) and \(parser.uuids))")
+        }
+        for uuid in parser.uuids { byUUID[uuid] = parser }
+        byName[parser.name] = parser
+    }
+
+    /// Adds an advertisement parser. Throws when one of its sources is already taken, naming both.
+    public mutating func register(_ parser: any AdvertisementParser) throws(GATTRegistryError) {
+        for source in parser.sources {
+            if let existing = advertisementsBySource[source] {
+                throw GATTRegistryError("duplicate parser for \(source): '\(parser.name)' and '\(existing.name)'")
+            }
+        }
+        for source in parser.sources { advertisementsBySource[source] = parser }
+    }
+
+    /// The characteristic parser for `uuid`, if any.
+    public func parser(for uuid: BluetoothUUID) -> (any GATTCharacteristicParser)? { byUUID[uuid] }
+
+    /// The characteristic parser called `name` (`heart_rate_measurement`), if any.
+    public func parser(named name: String) -> (any GATTCharacteristicParser)? { byName[name] }
+
+    /// The advertisement parser for `source`, if any.
+    public func parser(for source: AdvertisementSource) -> (any AdvertisementParser)? {
+        advertisementsBySource[source]
+    }
+
+    /// Every registered characteristic parser, once each, sorted by name.
+    public var characteristicParsers: [any GATTCharacteristicParser] {
+        byName.values.sorted { $0.name < $1.name }
+    }
+
+    /// Decodes a characteristic value: its parser, else the 0x2904 presentation format when given,
+    /// else `{"raw": "<hex>"}`.
+    public func decode(_ uuid: BluetoothUUID, _ bytes: [UInt8], context: GATTDecodeContext = GATTDecodeContext())
+        throws(GATTParseError) -> GATTReading
+    {
+        if let parser = byUUID[uuid] { return try parser.decode(bytes, context: context) }
+        if let format = context.presentationFormat {
+            return try PresentationFormat.decode(bytes, descriptor: format)
+        }
+        return .raw(bytes)
+    }
+
+    /// Decodes an advertisement payload, or returns `{"raw": "<hex>"}` when no parser handles `source`.
+    public func decode(_ source: AdvertisementSource, _ payload: [UInt8], context: AdvertisementContext)
+        throws(GATTParseError) -> GATTReading
+    {
+        guard let parser = advertisementsBySource[source] else { return .raw(payload) }
+        return try parser.decode(payload, from: source, context: context)
+    }
+}
