@@ -91,20 +91,15 @@ extension AdvertisementContext {
     }
 }
 
-/// Rounds away the binary noise of `raw × factor` (0.01 × 2506 = 25.060000000000002) to the factor's decimals.
+/// Rounds half away from zero without libm (GATT links no C library): nil when not finite or beyond ±2^62.
 @inline(__always)
-func scaled(_ raw: Int64, _ factor: Double, decimals: Int) -> Double {
-    let value = Double(raw) * factor
-    switch decimals {
-    case 0: return value
-    case 1: return (value * 10).rounded() / 10
-    case 2: return (value * 100).rounded() / 100
-    case 3: return (value * 1000).rounded() / 1000
-    default:
-        var p = 1.0
-        for _ in 0..<decimals { p *= 10 }
-        return (value * p).rounded() / p
-    }
+func roundedToInteger(_ x: Double) -> Int64? {
+    guard x.isFinite, x > -4.6e18, x < 4.6e18 else { return nil }
+    let t = Int64(x)  // truncates toward zero
+    let rest = x - Double(t)
+    if rest >= 0.5 { return t + 1 }
+    if rest <= -0.5 { return t - 1 }
+    return t
 }
 
 /// `YYYY-MM-DDTHH:MM:SS` (UTC) for seconds since the Unix epoch (SPEC.md §0 timestamp form).

@@ -360,8 +360,9 @@ public struct BTHomeV2Parser: AdvertisementParser {
             let value = signed ? signExtend(raw, bits: length * 8) : Int64(bitPattern: raw)
             reading.append(object.name, .double(Double(value) / divisor))
         case .timesPoint35:
-            let value = Double(Int8(bitPattern: bytes[start])) * 0.35
-            reading.append(object.name, .double((value * 10).rounded() / 10))
+            // raw × 0.35 rounded to 0.1 = round(raw × 3.5) / 10, exact in binary for every sint8.
+            let tenths = roundedToInteger(Double(Int8(bitPattern: bytes[start])) * 3.5) ?? 0
+            reading.append(object.name, .double(Double(tenths) / 10))
         case .binary:
             reading.append(object.name, .bool(bytes[start] != 0))
         case .button:
@@ -553,12 +554,11 @@ public enum BTHomeEncoder {
         let bits = Double(info.length * 8)
         let (low, high): (Double, Double) =
             signed ? (-pow2(bits - 1), pow2(bits - 1) - 1) : (0, pow2(bits) - 1)
-        let rounded = raw.rounded()
-        guard rounded.isFinite, rounded >= low, rounded <= high else {
+        guard let integer = roundedToInteger(raw), Double(integer) >= low, Double(integer) <= high else {
             throw .notEncodable(
                 "BTHome v2: \(info.name) (object 0x\(hex(UInt64(id), 2).uppercased())) raw value \(raw) out of range")
         }
-        let pattern = UInt64(bitPattern: Int64(rounded))
+        let pattern = UInt64(bitPattern: integer)
         return (0..<info.length).map { UInt8(truncatingIfNeeded: pattern >> (8 * UInt64($0))) }
     }
 
