@@ -25,28 +25,30 @@ public struct OpenSSLAESCCM: AESCCMCipher, AESCCMKeystreamCipher {
     {
         try Self.check(key: key, nonce: nonce, tagLength: tag.count)
         return try withCipherContext { (ctx) throws(GATTParseError) in
-        try call("EVP_DecryptInit_ex", EVP_DecryptInit_ex(ctx, EVP_aes_128_ccm(), nil, nil, nil))
-        try call("set nonce length", EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_CCM_SET_IVLEN, Int32(nonce.count), nil))
-        var tagCopy = tag
-        try call(
-            "set tag",
-            tagCopy.withUnsafeMutableBytes { EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_CCM_SET_TAG, Int32(tag.count), $0.baseAddress) })
-        try call("EVP_DecryptInit_ex (key)", EVP_DecryptInit_ex(ctx, nil, nil, key, nonce))
-        var outLength: Int32 = 0
-        // CCM needs the total length before any AAD.
-        try call("set length", EVP_DecryptUpdate(ctx, nil, &outLength, nil, Int32(ciphertext.count)))
-        if !aad.isEmpty {
-            try call("AAD", EVP_DecryptUpdate(ctx, nil, &outLength, aad, Int32(aad.count)))
-        }
-        var plaintext = [UInt8](repeating: 0, count: max(ciphertext.count, 1))
-        let input = ciphertext.isEmpty ? [UInt8](repeating: 0, count: 1) : ciphertext
-        let ok = plaintext.withUnsafeMutableBufferPointer { out in
-            EVP_DecryptUpdate(ctx, out.baseAddress, &outLength, input, Int32(ciphertext.count))
-        }
-        // In CCM mode the last update both decrypts and verifies; a non-positive result is a MIC mismatch.
-        guard ok > 0 else { throw .decryptionFailed("MIC mismatch") }
-        plaintext.removeLast(plaintext.count - ciphertext.count)
-        return plaintext
+            try call("EVP_DecryptInit_ex", EVP_DecryptInit_ex(ctx, EVP_aes_128_ccm(), nil, nil, nil))
+            try call("set nonce length", EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_CCM_SET_IVLEN, Int32(nonce.count), nil))
+            var tagCopy = tag
+            try call(
+                "set tag",
+                tagCopy.withUnsafeMutableBytes {
+                    EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_CCM_SET_TAG, Int32(tag.count), $0.baseAddress)
+                })
+            try call("EVP_DecryptInit_ex (key)", EVP_DecryptInit_ex(ctx, nil, nil, key, nonce))
+            var outLength: Int32 = 0
+            // CCM needs the total length before any AAD.
+            try call("set length", EVP_DecryptUpdate(ctx, nil, &outLength, nil, Int32(ciphertext.count)))
+            if !aad.isEmpty {
+                try call("AAD", EVP_DecryptUpdate(ctx, nil, &outLength, aad, Int32(aad.count)))
+            }
+            var plaintext = [UInt8](repeating: 0, count: max(ciphertext.count, 1))
+            let input = ciphertext.isEmpty ? [UInt8](repeating: 0, count: 1) : ciphertext
+            let ok = plaintext.withUnsafeMutableBufferPointer { out in
+                EVP_DecryptUpdate(ctx, out.baseAddress, &outLength, input, Int32(ciphertext.count))
+            }
+            // In CCM mode the last update both decrypts and verifies; a non-positive result is a MIC mismatch.
+            guard ok > 0 else { throw .decryptionFailed("MIC mismatch") }
+            plaintext.removeLast(plaintext.count - ciphertext.count)
+            return plaintext
         }
     }
 
@@ -58,34 +60,34 @@ public struct OpenSSLAESCCM: AESCCMCipher, AESCCMKeystreamCipher {
     {
         try Self.check(key: key, nonce: nonce, tagLength: tagLength)
         return try withCipherContext { (ctx) throws(GATTParseError) in
-        try call("EVP_EncryptInit_ex", EVP_EncryptInit_ex(ctx, EVP_aes_128_ccm(), nil, nil, nil))
-        try call("set nonce length", EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_CCM_SET_IVLEN, Int32(nonce.count), nil))
-        try call("set tag length", EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_CCM_SET_TAG, Int32(tagLength), nil))
-        try call("EVP_EncryptInit_ex (key)", EVP_EncryptInit_ex(ctx, nil, nil, key, nonce))
-        var outLength: Int32 = 0
-        try call("set length", EVP_EncryptUpdate(ctx, nil, &outLength, nil, Int32(plaintext.count)))
-        if !aad.isEmpty {
-            try call("AAD", EVP_EncryptUpdate(ctx, nil, &outLength, aad, Int32(aad.count)))
-        }
-        var ciphertext = [UInt8](repeating: 0, count: plaintext.count + 16)
-        let input = plaintext.isEmpty ? [UInt8](repeating: 0, count: 1) : plaintext
-        var written: Int32 = 0
-        var finalLength: Int32 = 0
-        let updated = ciphertext.withUnsafeMutableBufferPointer { out in
-            EVP_EncryptUpdate(ctx, out.baseAddress, &written, input, Int32(plaintext.count))
-        }
-        try call("EVP_EncryptUpdate", updated)
-        let finished = ciphertext.withUnsafeMutableBufferPointer { out in
-            EVP_EncryptFinal_ex(ctx, out.baseAddress! + Int(written), &finalLength)
-        }
-        try call("EVP_EncryptFinal_ex", finished)
-        ciphertext.removeLast(ciphertext.count - Int(written + finalLength))
-        var tag = [UInt8](repeating: 0, count: tagLength)
-        let got = tag.withUnsafeMutableBytes {
-            EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_CCM_GET_TAG, Int32(tagLength), $0.baseAddress)
-        }
-        try call("get tag", got)
-        return (ciphertext, tag)
+            try call("EVP_EncryptInit_ex", EVP_EncryptInit_ex(ctx, EVP_aes_128_ccm(), nil, nil, nil))
+            try call("set nonce length", EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_CCM_SET_IVLEN, Int32(nonce.count), nil))
+            try call("set tag length", EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_CCM_SET_TAG, Int32(tagLength), nil))
+            try call("EVP_EncryptInit_ex (key)", EVP_EncryptInit_ex(ctx, nil, nil, key, nonce))
+            var outLength: Int32 = 0
+            try call("set length", EVP_EncryptUpdate(ctx, nil, &outLength, nil, Int32(plaintext.count)))
+            if !aad.isEmpty {
+                try call("AAD", EVP_EncryptUpdate(ctx, nil, &outLength, aad, Int32(aad.count)))
+            }
+            var ciphertext = [UInt8](repeating: 0, count: plaintext.count + 16)
+            let input = plaintext.isEmpty ? [UInt8](repeating: 0, count: 1) : plaintext
+            var written: Int32 = 0
+            var finalLength: Int32 = 0
+            let updated = ciphertext.withUnsafeMutableBufferPointer { out in
+                EVP_EncryptUpdate(ctx, out.baseAddress, &written, input, Int32(plaintext.count))
+            }
+            try call("EVP_EncryptUpdate", updated)
+            let finished = ciphertext.withUnsafeMutableBufferPointer { out in
+                EVP_EncryptFinal_ex(ctx, out.baseAddress! + Int(written), &finalLength)
+            }
+            try call("EVP_EncryptFinal_ex", finished)
+            ciphertext.removeLast(ciphertext.count - Int(written + finalLength))
+            var tag = [UInt8](repeating: 0, count: tagLength)
+            let got = tag.withUnsafeMutableBytes {
+                EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_CCM_GET_TAG, Int32(tagLength), $0.baseAddress)
+            }
+            try call("get tag", got)
+            return (ciphertext, tag)
         }
     }
 
@@ -104,16 +106,16 @@ public struct OpenSSLAESCCM: AESCCMCipher, AESCCMKeystreamCipher {
         for (i, b) in nonce.enumerated() { counterBlock[1 + i] = b }
         counterBlock[15] = 1
         return try withCipherContext { (ctx) throws(GATTParseError) in
-        try call("EVP_DecryptInit_ex (ctr)", EVP_DecryptInit_ex(ctx, EVP_aes_128_ctr(), nil, key, counterBlock))
-        guard !ciphertext.isEmpty else { return [] }
-        var plaintext = [UInt8](repeating: 0, count: ciphertext.count + 16)
-        var written: Int32 = 0
-        let ok = plaintext.withUnsafeMutableBufferPointer { out in
-            EVP_DecryptUpdate(ctx, out.baseAddress, &written, ciphertext, Int32(ciphertext.count))
-        }
-        try call("EVP_DecryptUpdate (ctr)", ok)
-        plaintext.removeLast(plaintext.count - Int(written))
-        return plaintext
+            try call("EVP_DecryptInit_ex (ctr)", EVP_DecryptInit_ex(ctx, EVP_aes_128_ctr(), nil, key, counterBlock))
+            guard !ciphertext.isEmpty else { return [] }
+            var plaintext = [UInt8](repeating: 0, count: ciphertext.count + 16)
+            var written: Int32 = 0
+            let ok = plaintext.withUnsafeMutableBufferPointer { out in
+                EVP_DecryptUpdate(ctx, out.baseAddress, &written, ciphertext, Int32(ciphertext.count))
+            }
+            try call("EVP_DecryptUpdate (ctr)", ok)
+            plaintext.removeLast(plaintext.count - Int(written))
+            return plaintext
         }
     }
 

@@ -20,7 +20,10 @@ struct AdvVector: Sendable, CustomTestStringConvertible {
     var testDescription: String { id }
 
     enum ExpectedValue: Sendable {
-        case null, bool(Bool), number(Double), string(String)
+        case null
+        case bool(Bool)
+        case number(Double)
+        case string(String)
     }
 
     var context: AdvertisementContext {
@@ -32,15 +35,24 @@ struct AdvVector: Sendable, CustomTestStringConvertible {
         let id: String
         let kind: String
         let uuid: String
-        let payload_hex: String
+        let payloadHex: String
         let expected: [String: JSONScalar]?
         let error: String?
         let params: [String: JSONScalar]?
         let tolerance: Double?
+
+        enum CodingKeys: String, CodingKey {
+            case id, kind, uuid, expected, error, params, tolerance
+            case payloadHex = "payload_hex"
+        }
     }
 
     enum JSONScalar: Decodable {
-        case null, bool(Bool), number(Double), string(String), other
+        case null
+        case bool(Bool)
+        case number(Double)
+        case string(String)
+        case other
 
         init(from decoder: any Decoder) throws {
             let c = try decoder.singleValueContainer()
@@ -68,7 +80,7 @@ struct AdvVector: Sendable, CustomTestStringConvertible {
         // SPEC.md §0: the company ids used by the vectors; everything else is a 16-bit service-data UUID.
         let companies: Set<UInt16> = [0x0499, 0x004C, 0xEC88]
         return entries.compactMap { e -> AdvVector? in
-            guard e.kind == "adv", let code = UInt16(e.uuid, radix: 16), let payload = bytesFromHex(e.payload_hex)
+            guard e.kind == "adv", let code = UInt16(e.uuid, radix: 16), let payload = bytesFromHex(e.payloadHex)
             else { return nil }
             let source: AdvertisementSource =
                 companies.contains(code) ? .manufacturer(code) : .serviceData(BluetoothUUID(code))
@@ -160,7 +172,10 @@ func advRegistry() throws -> GATTParserRegistry {
         }
         #expect(rejected > decoded)
         // Fixed-size formats reject every proper prefix.
-        for v in AdvVector.all where v.error == nil && [.manufacturer(0x0499), .manufacturer(0x004C), .manufacturer(0xEC88)].contains(v.source) {
+        for v in AdvVector.all
+        where v.error == nil
+            && [.manufacturer(0x0499), .manufacturer(0x004C), .manufacturer(0xEC88)].contains(v.source)
+        {
             for length in 0..<v.payload.count {
                 #expect(throws: GATTParseError.self) {
                     try registry.decode(v.source, Array(v.payload.prefix(length)), context: v.context)

@@ -82,7 +82,8 @@ extension AdvertisementContext {
                 "\(format): the payload is encrypted and no bind key is configured (set the device's bindkey)")
         }
         guard key.count == length else {
-            throw .decryptionFailed("\(format): bind key must be \(length) octets (\(length * 2) hex digits), got \(key.count)")
+            throw .decryptionFailed(
+                "\(format): bind key must be \(length) octets (\(length * 2) hex digits), got \(key.count)")
         }
         guard let cipher else {
             throw .decryptionFailed("\(format): no AES-CCM cipher available to decrypt the payload")
@@ -121,4 +122,32 @@ func isoTimestamp(epochSeconds: Int64) -> String {
     let paddedYear = String(repeating: "0", count: max(0, 4 - yearText.count)) + yearText
     let time = "\(two(secondsOfDay / 3600)):\(two(secondsOfDay / 60 % 60)):\(two(secondsOfDay % 60))"
     return "\(paddedYear)-\(two(month))-\(two(day))T\(time)"
+}
+
+/// Seconds since the Unix epoch for `YYYY-MM-DDTHH:MM:SS` (UTC), the inverse of `isoTimestamp`. Nil when malformed.
+func epochSeconds(iso text: String) -> Int64? {
+    let u = Array(text.utf8)
+    guard u.count == 19, u[4] == UInt8(ascii: "-"), u[7] == UInt8(ascii: "-"), u[10] == UInt8(ascii: "T"),
+        u[13] == UInt8(ascii: ":"), u[16] == UInt8(ascii: ":")
+    else { return nil }
+    func number(_ range: Range<Int>) -> Int64? {
+        var v: Int64 = 0
+        for k in range {
+            guard u[k] >= UInt8(ascii: "0"), u[k] <= UInt8(ascii: "9") else { return nil }
+            v = v * 10 + Int64(u[k] - UInt8(ascii: "0"))
+        }
+        return v
+    }
+    guard let y = number(0..<4), let m = number(5..<7), let d = number(8..<10), let hh = number(11..<13),
+        let mm = number(14..<16), let ss = number(17..<19), (1...12).contains(m), (1...31).contains(d), hh < 24,
+        mm < 60, ss < 60
+    else { return nil }
+    // Days-from-civil (proleptic Gregorian), the inverse of the algorithm in `isoTimestamp`.
+    let yy = m <= 2 ? y - 1 : y
+    let era = (yy >= 0 ? yy : yy - 399) / 400
+    let yoe = yy - era * 400
+    let doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
+    let days = era * 146_097 + doe - 719_468
+    return days * 86_400 + hh * 3600 + mm * 60 + ss
 }

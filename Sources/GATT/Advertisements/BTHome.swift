@@ -95,8 +95,8 @@ enum BTHomeObjects {
         t[0x2B] = bin("tamper")
         t[0x2C] = bin("vibration")
         t[0x2D] = bin("window")
-        t[0x2E] = int("humidity_pct", 1)
-        t[0x2F] = int("moisture_pct", 1)
+        t[0x2E] = dec("humidity_pct", 1, 1)  // a double, like 0x03
+        t[0x2F] = dec("moisture_pct", 1, 1)  // a double, like 0x14
         t[0x3A] = BTHomeObjectInfo(name: "button_event", length: 1, kind: .button)
         t[0x3B] = int("command", 1)
         t[0x3C] = BTHomeObjectInfo(name: "dimmer_event", length: 2, kind: .dimmer)
@@ -282,13 +282,13 @@ public struct BTHomeV2Parser: AdvertisementParser {
         var needsSuffixes = false
         var i = start
         let count = bytes.count
-        let where_ = encrypted ? "decrypted offset" : "offset"
+        let offsetLabel = encrypted ? "decrypted offset" : "offset"
         while i < count {
             let id = bytes[i]
             guard let object = table[Int(id)] else {
                 stop = .invalidValue(
                     field: "BTHome v2 object id", offset: i,
-                    reason: "unknown object id 0x\(hex(UInt64(id), 2).uppercased()) at \(where_) \(i): "
+                    reason: "unknown object id 0x\(hex(UInt64(id), 2).uppercased()) at \(offsetLabel) \(i): "
                         + "length unknown, rest of packet unparseable")
                 break
             }
@@ -475,6 +475,10 @@ public enum BTHomeEncoder {
                 objects.append(BTHomeObject(id: 0x3C, .array([field.value, steps])))
                 continue
             }
+            if field.name == "firmware_version", case .string(let text) = field.value {
+                objects.append(BTHomeObject(id: text.split(separator: ".").count == 3 ? 0xF2 : 0xF1, field.value))
+                continue
+            }
             guard let id = BTHomeObjects.preferredID[field.name] else {
                 throw .notEncodable("BTHome v2: no object for field '\(field.name)'")
             }
@@ -613,8 +617,13 @@ public enum BTHomeEncoder {
             }
             return [event, UInt8(steps)]
         case .timestamp:
+            if case .string(let text) = object.value {
+                guard let seconds = epochSeconds(iso: text) else { throw wrongType() }
+                return try integerBytes(Double(seconds), info, signed: false, id: id)
+            }
             guard let v = number(object.value) else { throw wrongType() }
-            return try integerBytes(v, BTHomeObjectInfo(name: info.name, length: 4, kind: info.kind), signed: false, id: id)
+            return try integerBytes(
+                v, BTHomeObjectInfo(name: info.name, length: 4, kind: info.kind), signed: false, id: id)
         case .text:
             guard case .string(let text) = object.value, text.utf8.count <= 255 else { throw wrongType() }
             return [UInt8(text.utf8.count)] + Array(text.utf8)

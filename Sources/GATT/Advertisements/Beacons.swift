@@ -118,10 +118,13 @@ public struct EddystoneParser: AdvertisementParser {
             r.append("namespace", .string(hexString(p[2..<12])))
             r.append("instance", .string(hexString(p[12..<18])))
         case 0x10:
-            guard p.count >= 3 else { throw .invalidLength(expected: "Eddystone URL: at least 3 octets", actual: p.count) }
+            guard p.count >= 3 else {
+                throw .invalidLength(expected: "Eddystone URL: at least 3 octets", actual: p.count)
+            }
             guard Int(p[2]) < Self.schemes.count else {
                 throw .invalidValue(
-                    field: "Eddystone URL scheme", offset: 2, reason: "0x\(hex(UInt64(p[2]), 2).uppercased()) is reserved")
+                    field: "Eddystone URL scheme", offset: 2,
+                    reason: "0x\(hex(UInt64(p[2]), 2).uppercased()) is reserved")
             }
             var url = Self.schemes[Int(p[2])]
             for k in 3..<p.count {

@@ -47,7 +47,8 @@ public struct ATCParser: AdvertisementParser {
             r.append("flags", .int(Int64(plain[2] >> 7)))
         default:
             throw .invalidLength(
-                expected: "ATC/pvvx: 13 (atc1441), 15 (pvvx custom), 11 (pvvx encrypted) or 8 (atc1441 encrypted) octets",
+                expected:
+                    "ATC/pvvx: 13 (atc1441), 15 (pvvx custom), 11 (pvvx encrypted) or 8 (atc1441 encrypted) octets",
                 actual: p.count)
         }
         return r
@@ -103,7 +104,8 @@ public struct MiBeaconParser: AdvertisementParser {
         throws(GATTParseError) -> GATTReading
     {
         guard p.count >= 5 else {
-            throw .invalidLength(expected: "Xiaomi MiBeacon: at least 5 octets (frame control, product, counter)", actual: p.count)
+            throw .invalidLength(
+                expected: "Xiaomi MiBeacon: at least 5 octets (frame control, product, counter)", actual: p.count)
         }
         let fc = UInt16(p[0]) | UInt16(p[1]) << 8
         let version = Int(fc >> 12)
@@ -183,10 +185,12 @@ public struct MiBeaconParser: AdvertisementParser {
         }
         // Legacy v2/v3: objects | ext counter (3) | 1 octet; no usable MIC.
         guard p.count >= i + 7 else {
-            throw .invalidLength(expected: "\(format) encrypted: objects (3+), ext counter (3), 1 octet", actual: p.count)
+            throw .invalidLength(
+                expected: "\(format) encrypted: objects (3+), ext counter (3), 1 octet", actual: p.count)
         }
         guard let key12 = context.bindKey else {
-            throw .decryptionFailed("\(format): the payload is encrypted and no bind key is configured (set the device's bindkey)")
+            throw .decryptionFailed(
+                "\(format): the payload is encrypted and no bind key is configured (set the device's bindkey)")
         }
         let key: [UInt8]
         switch key12.count {
