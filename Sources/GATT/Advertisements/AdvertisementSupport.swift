@@ -92,6 +92,15 @@ extension AdvertisementContext {
     }
 }
 
+/// A cipher failure as a `decryptionFailed` naming the format; a tag mismatch suggests a wrong bind key.
+func cipherFailure(_ error: GATTParseError, format: String) -> GATTParseError {
+    switch error {
+    case .decryptionFailed("MIC mismatch"): return .decryptionFailed("\(format): MIC mismatch (wrong bind key?)")
+    case .decryptionFailed(let reason): return .decryptionFailed("\(format): \(reason)")
+    default: return .decryptionFailed("\(format): \(error)")
+    }
+}
+
 /// Rounds half away from zero without libm (GATT links no C library): nil when not finite or beyond ±2^62.
 @inline(__always)
 func roundedToInteger(_ x: Double) -> Int64? {

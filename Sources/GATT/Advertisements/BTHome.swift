@@ -30,6 +30,14 @@ struct BTHomeObjectInfo: Sendable {
     /// Value octets; 0 means a 1-octet length prefix follows the id (text, raw).
     let length: Int
     let kind: BTHomeValueKind
+    /// A small number per distinct `name`, so the decoder spots repeated fields without comparing strings.
+    var nameIndex = 0
+
+    init(name: String, length: Int, kind: BTHomeValueKind) {
+        self.name = name
+        self.length = length
+        self.kind = kind
+    }
 }
 
 /// The BTHome v2 object table and its field names.
@@ -144,6 +152,12 @@ enum BTHomeObjects {
         t[0xF0] = int("device_type_id", 2)
         t[0xF1] = BTHomeObjectInfo(name: "firmware_version", length: 4, kind: .firmwareVersion)
         t[0xF2] = BTHomeObjectInfo(name: "firmware_version", length: 3, kind: .firmwareVersion)
+        var indices: [String: Int] = [:]
+        for id in 0..<256 {
+            guard let name = t[id]?.name else { continue }
+            if indices[name] == nil { indices[name] = indices.count }
+            t[id]?.nameIndex = indices[name] ?? 0
+        }
         return t
     }()
 
@@ -257,17 +271,9 @@ public struct BTHomeV2Parser: AdvertisementParser {
                 key: key, nonce: nonce, ciphertext: Array(payload[start..<end]),
                 tag: Array(payload[(end + 4)...]), aad: [])
         } catch {
-            throw Self.decryptionError(error, format: Self.format)
+            throw cipherFailure(error, format: Self.format)
         }
         return try Self.decodeObjects(plaintext, from: 0, mac: includedMAC, encrypted: true)
-    }
-
-    /// Maps a cipher failure to a message naming the format.
-    static func decryptionError(_ error: GATTParseError, format: String) -> GATTParseError {
-        if case .decryptionFailed(let reason) = error, reason == "MIC mismatch" {
-            return .decryptionFailed("\(format): MIC mismatch (wrong bind key?)")
-        }
-        return .decryptionFailed("\(format): \(error)")
     }
 
     /// Decodes the object sequence in `bytes[start...]`.
@@ -278,61 +284,65 @@ public struct BTHomeV2Parser: AdvertisementParser {
         var reading = GATTReading(capacity: mac == nil ? 4 : 5)
         if let mac { reading.append("mac", .string(mac.string)) }
         let headerFields = reading.fields.count
-        var stop: GATTParseError? = nil
+        // Why parsing stopped early, turned into an error only when nothing was decoded.
+        var stop: (offset: Int, id: UInt8, needed: Int, available: Int)? = nil
+        var seen: (UInt64, UInt64) = (0, 0)
         var needsSuffixes = false
         var i = start
         let count = bytes.count
-        let offsetLabel = encrypted ? "decrypted offset" : "offset"
         while i < count {
             let id = bytes[i]
             guard let object = table[Int(id)] else {
-                stop = .invalidValue(
-                    field: "BTHome v2 object id", offset: i,
-                    reason: "unknown object id 0x\(hex(UInt64(id), 2).uppercased()) at \(offsetLabel) \(i): "
-                        + "length unknown, rest of packet unparseable")
+                stop = (i, id, -1, 0)
                 break
             }
             var dataStart = i + 1
             var length = object.length
             if length == 0 {
                 guard dataStart < count else {
-                    stop = truncatedObject(id, at: i, needed: 1, available: 0)
+                    stop = (i, id, 1, 0)
                     break
                 }
                 length = Int(bytes[dataStart])
                 dataStart += 1
             }
             guard dataStart + length <= count else {
-                stop = truncatedObject(id, at: i, needed: length, available: count - dataStart)
+                stop = (i, id, length, count - dataStart)
                 break
             }
             i = dataStart + length
             let before = reading.fields.count
             append(object, bytes, dataStart, length, to: &reading)
-            if !needsSuffixes && reading.fields.count > before {
-                let name = object.name
-                var k = headerFields
-                while k < before {
-                    if reading.fields[k].name == name {
-                        needsSuffixes = true
-                        break
-                    }
-                    k += 1
+            if reading.fields.count > before {
+                let bit = UInt64(1) << UInt64(object.nameIndex & 63)
+                if object.nameIndex < 64 {
+                    if seen.0 & bit != 0 { needsSuffixes = true }
+                    seen.0 |= bit
+                } else {
+                    if seen.1 & bit != 0 { needsSuffixes = true }
+                    seen.1 |= bit
                 }
             }
         }
         guard reading.fields.count > headerFields else {
-            if let stop { throw stop }
-            throw .invalidValue(field: "BTHome v2 objects", offset: start, reason: "the packet carries no objects")
+            let label = encrypted ? "decrypted offset" : "offset"
+            guard let stop else {
+                throw .invalidValue(field: "BTHome v2 objects", offset: start, reason: "the packet carries no objects")
+            }
+            let idText = "0x\(hex(UInt64(stop.id), 2).uppercased())"
+            if stop.needed < 0 {
+                throw .invalidValue(
+                    field: "BTHome v2 object id", offset: stop.offset,
+                    reason: "unknown object id \(idText) at \(label) \(stop.offset): "
+                        + "length unknown, rest of packet unparseable")
+            }
+            throw .invalidValue(
+                field: encrypted ? "BTHome v2 decrypted object \(idText)" : "BTHome v2 object \(idText)",
+                offset: stop.offset,
+                reason: "truncated: needs \(stop.needed) octet(s), \(stop.available) available")
         }
         if needsSuffixes { addSuffixes(&reading, from: headerFields) }
         return reading
-    }
-
-    private static func truncatedObject(_ id: UInt8, at offset: Int, needed: Int, available: Int) -> GATTParseError {
-        .invalidValue(
-            field: "BTHome v2 object 0x\(hex(UInt64(id), 2).uppercased())", offset: offset,
-            reason: "truncated: needs \(needed) octet(s), \(available) available")
     }
 
     @inline(__always)

@@ -84,7 +84,7 @@ public struct ATCParser: AdvertisementParser {
                 key: key, nonce: nonce, ciphertext: Array(p[1..<(p.count - 4)]), tag: Array(p[(p.count - 4)...]),
                 aad: [0x11])
         } catch {
-            throw BTHomeV2Parser.decryptionError(error, format: format)
+            throw cipherFailure(error, format: format)
         }
     }
 }
@@ -178,7 +178,7 @@ public struct MiBeaconParser: AdvertisementParser {
                 plain = try cipher.decrypt(
                     key: key, nonce: nonce, ciphertext: Array(p[i..<(n - 7)]), tag: Array(p[(n - 4)...]), aad: [0x11])
             } catch {
-                throw BTHomeV2Parser.decryptionError(error, format: format)
+                throw cipherFailure(error, format: format)
             }
             try Self.decodeObjects(plain, from: 0, into: &r, strict: false)
             return r
@@ -208,7 +208,7 @@ public struct MiBeaconParser: AdvertisementParser {
         do {
             plain = try cipher.decryptUnauthenticated(key: key, nonce: nonce, ciphertext: Array(p[i..<(n - 4)]))
         } catch {
-            throw BTHomeV2Parser.decryptionError(error, format: format)
+            throw cipherFailure(error, format: format)
         }
         do {
             try Self.decodeObjects(plain, from: 0, into: &r, strict: true)
