@@ -154,6 +154,28 @@ func advRegistry() throws -> GATTParserRegistry {
         }
     }
 
+    /// Every rejection names its format, so a log line or `blebridge decode`'s stderr says what failed.
+    @Test func errorsNameTheFormat() throws {
+        let registry = try advRegistry()
+        let names: [AdvertisementSource: String] = [
+            .serviceData(BluetoothUUID(UInt16(0xFCD2))): "BTHome v2", .manufacturer(0x0499): "Ruuvi",
+            .serviceData(BluetoothUUID(UInt16(0x181A))): "ATC", .serviceData(BluetoothUUID(UInt16(0xFE95))): "MiBeacon",
+            .manufacturer(0x004C): "iBeacon", .serviceData(BluetoothUUID(UInt16(0xFEAA))): "Eddystone",
+            .manufacturer(0xEC88): "Govee",
+        ]
+        for v in AdvVector.all {
+            // Every vector's prefixes that are rejected, plus the error vectors themselves.
+            for length in 0...v.payload.count {
+                do {
+                    _ = try registry.decode(v.source, Array(v.payload.prefix(length)), context: v.context)
+                } catch {
+                    let name = try #require(names[v.source])
+                    #expect(error.description.contains(name), "\(v.id)[..<\(length)]: \(error)")
+                }
+            }
+        }
+    }
+
     /// Every truncated prefix of every adv vector: a value or a thrown error, never a crash. Prefixes of a
     /// fixed-length or encrypted format must be rejected.
     @Test func truncatedPrefixesNeverTrap() throws {

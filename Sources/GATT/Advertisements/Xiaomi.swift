@@ -23,7 +23,7 @@ public struct ATCParser: AdvertisementParser {
             r.append("battery_voltage_v", .double(Double(bigEndian(p, 10, 2)) / 1000))
             r.append("packet_counter", .int(Int64(p[12])))
         case 15:
-            let mac = try checkedMAC(p, reversed: true, context: context, format: "pvvx custom")
+            let mac = try checkedMAC(p, reversed: true, context: context, format: "ATC pvvx custom")
             r.append("mac", .string(mac.string))
             r.append("temperature_c", .double(Double(Int16(truncatingIfNeeded: le(p, 6, 2))) / 100))
             r.append("humidity_pct", .double(Double(le(p, 8, 2)) / 100))
@@ -32,7 +32,7 @@ public struct ATCParser: AdvertisementParser {
             r.append("packet_counter", .int(Int64(p[13])))
             r.append("flags", .int(Int64(p[14])))
         case 11:
-            let plain = try decrypt(p, context: context, format: "pvvx encrypted")
+            let plain = try decrypt(p, context: context, format: "ATC pvvx encrypted")
             r.append("temperature_c", .double(Double(Int16(truncatingIfNeeded: le(plain, 0, 2))) / 100))
             r.append("humidity_pct", .double(Double(le(plain, 2, 2)) / 100))
             r.append("battery_pct", .int(Int64(plain[4])))
