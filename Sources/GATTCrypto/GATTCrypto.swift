@@ -78,7 +78,7 @@ public struct OpenSSLAESCCM: AESCCMCipher, AESCCMKeystreamCipher {
             }
             try call("EVP_EncryptUpdate", updated)
             let finished = ciphertext.withUnsafeMutableBufferPointer { out in
-                EVP_EncryptFinal_ex(ctx, out.baseAddress! + Int(written), &finalLength)
+                EVP_EncryptFinal_ex(ctx, out.baseAddress.map { $0 + Int(written) }, &finalLength)
             }
             try call("EVP_EncryptFinal_ex", finished)
             ciphertext.removeLast(ciphertext.count - Int(written + finalLength))

@@ -217,12 +217,16 @@ enum BTHomeObjects {
 /// an unencrypted packet from a device with a configured bind key (bthome-ble's downgrade rule). Replay (counters
 /// going backwards) is the caller's job: this parser is stateless.
 public struct BTHomeV2Parser: AdvertisementParser {
+    /// Where this format is found: service data UUID 0xFCD2.
     public let sources: [AdvertisementSource] = [.serviceData(BluetoothUUID(UInt16(0xFCD2)))]
+    /// `bthome_v2`: the parser name in logs and on the command line.
     public let name = "bthome_v2"
     static let format = "BTHome v2"
 
+    /// Creates the parser. It holds no state.
     public init() {}
 
+    /// Decodes one payload; throws a `GATTParseError` naming the format when it must be rejected.
     public func decode(_ payload: [UInt8], from source: AdvertisementSource, context: AdvertisementContext)
         throws(GATTParseError) -> GATTReading
     {

@@ -11,11 +11,15 @@ func bigEndian(_ bytes: [UInt8], _ offset: Int, _ length: Int) -> UInt64 {
 /// Ruuvi RAWv2 (data format 5), manufacturer data of company 0x0499: exactly 24 octets, big-endian.
 /// Every "not available" sentinel becomes `null` (SPEC.md §4.2).
 public struct RuuviRAWv2Parser: AdvertisementParser {
+    /// Where this format is found: manufacturer data of company 0x0499.
     public let sources: [AdvertisementSource] = [.manufacturer(0x0499)]
+    /// `ruuvi_rawv2`: the parser name in logs and on the command line.
     public let name = "ruuvi_rawv2"
 
+    /// Creates the parser. It holds no state.
     public init() {}
 
+    /// Decodes one payload; throws a `GATTParseError` naming the format when it must be rejected.
     public func decode(_ p: [UInt8], from source: AdvertisementSource, context: AdvertisementContext)
         throws(GATTParseError) -> GATTReading
     {
@@ -57,11 +61,15 @@ public struct RuuviRAWv2Parser: AdvertisementParser {
 /// Apple iBeacon, manufacturer data of company 0x004C: `02 15 | UUID (16) | major BE | minor BE | power sint8`.
 /// Any other Apple payload (Nearby 0x10, ...) is rejected as not an iBeacon.
 public struct IBeaconParser: AdvertisementParser {
+    /// Where this format is found: manufacturer data of company 0x004C.
     public let sources: [AdvertisementSource] = [.manufacturer(0x004C)]
+    /// `ibeacon`: the parser name in logs and on the command line.
     public let name = "ibeacon"
 
+    /// Creates the parser. It holds no state.
     public init() {}
 
+    /// Decodes one payload; throws a `GATTParseError` naming the format when it must be rejected.
     public func decode(_ p: [UInt8], from source: AdvertisementSource, context: AdvertisementContext)
         throws(GATTParseError) -> GATTReading
     {
@@ -92,9 +100,12 @@ public struct IBeaconParser: AdvertisementParser {
 
 /// Eddystone, service data 0xFEAA (UID, URL, TLM, EID), big-endian (SPEC.md §4.6).
 public struct EddystoneParser: AdvertisementParser {
+    /// Where this format is found: service data UUID 0xFEAA.
     public let sources: [AdvertisementSource] = [.serviceData(BluetoothUUID(UInt16(0xFEAA)))]
+    /// `eddystone`: the parser name in logs and on the command line.
     public let name = "eddystone"
 
+    /// Creates the parser. It holds no state.
     public init() {}
 
     static let schemes = ["http://www.", "https://www.", "http://", "https://"]
@@ -103,6 +114,7 @@ public struct EddystoneParser: AdvertisementParser {
         ".biz", ".gov",
     ]
 
+    /// Decodes one payload; throws a `GATTParseError` naming the format when it must be rejected.
     public func decode(_ p: [UInt8], from source: AdvertisementSource, context: AdvertisementContext)
         throws(GATTParseError) -> GATTReading
     {
@@ -172,11 +184,15 @@ public struct EddystoneParser: AdvertisementParser {
 /// Bit 23 of v is the sign; battery bit 7 flags a sensor error. Out-of-range readings (govee-ble: outside
 /// −40..100 °C, or the error bit) publish `null` temperature and humidity.
 public struct GoveeH5075Parser: AdvertisementParser {
+    /// Where this format is found: manufacturer data of company 0xEC88.
     public let sources: [AdvertisementSource] = [.manufacturer(0xEC88)]
+    /// `govee_h5075`: the parser name in logs and on the command line.
     public let name = "govee_h5075"
 
+    /// Creates the parser. It holds no state.
     public init() {}
 
+    /// Decodes one payload; throws a `GATTParseError` naming the format when it must be rejected.
     public func decode(_ p: [UInt8], from source: AdvertisementSource, context: AdvertisementContext)
         throws(GATTParseError) -> GATTReading
     {

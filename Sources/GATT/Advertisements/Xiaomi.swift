@@ -4,11 +4,15 @@
 /// 11 pvvx encrypted, 8 atc1441 encrypted. A MAC inside the payload must match the advertiser address when that
 /// is known (atc-ble drops the packet otherwise). The encrypted forms need the advertiser address and a bind key.
 public struct ATCParser: AdvertisementParser {
+    /// Where this format is found: service data UUID 0x181A.
     public let sources: [AdvertisementSource] = [.serviceData(BluetoothUUID(UInt16(0x181A)))]
+    /// `atc_pvvx`: the parser name in logs and on the command line.
     public let name = "atc_pvvx"
 
+    /// Creates the parser. It holds no state.
     public init() {}
 
+    /// Decodes one payload; throws a `GATTParseError` naming the format when it must be rejected.
     public func decode(_ p: [UInt8], from source: AdvertisementSource, context: AdvertisementContext)
         throws(GATTParseError) -> GATTReading
     {
@@ -79,13 +83,19 @@ public struct ATCParser: AdvertisementParser {
         let (key, cipher) = try context.requireKey(format)
         let mac = try context.requireMAC(format)
         let nonce = mac.reversedArray + [UInt8(p.count + 3), 0x16, 0x1A, 0x18, p[0]]
+        let plain: [UInt8]
         do {
-            return try cipher.decrypt(
+            plain = try cipher.decrypt(
                 key: key, nonce: nonce, ciphertext: Array(p[1..<(p.count - 4)]), tag: Array(p[(p.count - 4)...]),
                 aad: [0x11])
         } catch {
             throw cipherFailure(error, format: format)
         }
+        // The injected cipher is outside this module: never index past what it returned.
+        guard plain.count == p.count - 5 else {
+            throw .decryptionFailed("\(format): the cipher returned \(plain.count) octets, expected \(p.count - 5)")
+        }
+        return plain
     }
 }
 
@@ -95,11 +105,15 @@ public struct ATCParser: AdvertisementParser {
 /// Publishes `frame_version`, `product_id`, `frame_counter`, `mac` (when the frame carries it) and the decoded
 /// objects. Unknown object ids are skipped (their length is known); a truncated object ends parsing.
 public struct MiBeaconParser: AdvertisementParser {
+    /// Where this format is found: service data UUID 0xFE95.
     public let sources: [AdvertisementSource] = [.serviceData(BluetoothUUID(UInt16(0xFE95)))]
+    /// `xiaomi_mibeacon`: the parser name in logs and on the command line.
     public let name = "xiaomi_mibeacon"
 
+    /// Creates the parser. It holds no state.
     public init() {}
 
+    /// Decodes one payload; throws a `GATTParseError` naming the format when it must be rejected.
     public func decode(_ p: [UInt8], from source: AdvertisementSource, context: AdvertisementContext)
         throws(GATTParseError) -> GATTReading
     {
