@@ -220,7 +220,7 @@ func advRegistry() throws -> GATTParserRegistry {
             AdvertisementContext(
                 mac: "A4:C1:38:8D:18:B2", bindKey: Array(repeating: 0x42, count: 12), cipher: OpenSSLAESCCM()),
         ]
-        var rng = SplitMix64(seed: UInt64(parserName.utf8.reduce(7) { $0 &* 31 &+ UInt64($1) }))
+        var rng = AdvertisementTestRNG(seed: UInt64(parserName.utf8.reduce(7) { $0 &* 31 &+ UInt64($1) }))
         var outcomes = (values: 0, errors: 0)
         for round in 0..<200_000 {
             let length = Int(rng.next() % 41)
@@ -241,7 +241,7 @@ func advRegistry() throws -> GATTParserRegistry {
 }
 
 /// A small deterministic PRNG so random tests reproduce.
-struct SplitMix64: RandomNumberGenerator {
+struct AdvertisementTestRNG: RandomNumberGenerator {
     var state: UInt64
     init(seed: UInt64) { state = seed }
     mutating func next() -> UInt64 {

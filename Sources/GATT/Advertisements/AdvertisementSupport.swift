@@ -11,7 +11,7 @@ public protocol AESCCMKeystreamCipher: AESCCMCipher {
 }
 
 /// A 6-octet Bluetooth device address in printed order (`A4:C1:38:00:11:22` → `A4 C1 38 00 11 22`).
-struct MACAddress: Equatable, Sendable {
+struct AdvertisementMAC: Equatable, Sendable {
     var octets: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8)
 
     init(_ a: UInt8, _ b: UInt8, _ c: UInt8, _ d: UInt8, _ e: UInt8, _ f: UInt8) {
@@ -55,23 +55,23 @@ struct MACAddress: Equatable, Sendable {
 
     var isAllOnes: Bool { array.allSatisfy { $0 == 0xFF } }
 
-    static func == (lhs: MACAddress, rhs: MACAddress) -> Bool { lhs.array == rhs.array }
+    static func == (lhs: AdvertisementMAC, rhs: AdvertisementMAC) -> Bool { lhs.array == rhs.array }
 }
 
 extension AdvertisementContext {
     /// The advertiser address, or an error naming `format` when it is missing or malformed.
-    func requireMAC(_ format: String) throws(GATTParseError) -> MACAddress {
+    func requireMAC(_ format: String) throws(GATTParseError) -> AdvertisementMAC {
         guard let text = mac else {
             throw .decryptionFailed("\(format): the advertiser address (MAC) is needed to build the nonce")
         }
-        guard let mac = MACAddress(text) else {
+        guard let mac = AdvertisementMAC(text) else {
             throw .decryptionFailed("\(format): advertiser address '\(text)' is not a MAC address")
         }
         return mac
     }
 
     /// The advertiser address when it is given and well-formed.
-    var parsedMAC: MACAddress? { mac.flatMap { MACAddress($0) } }
+    var parsedMAC: AdvertisementMAC? { mac.flatMap { AdvertisementMAC($0) } }
 
     /// The bind key and cipher, or an error naming `format` and the `bindkey` setting.
     func requireKey(_ format: String, length: Int = 16) throws(GATTParseError) -> (
@@ -103,7 +103,7 @@ func cipherFailure(_ error: GATTParseError, format: String) -> GATTParseError {
 
 /// Rounds half away from zero without libm (GATT links no C library): nil when not finite or beyond ±2^62.
 @inline(__always)
-func roundedToInteger(_ x: Double) -> Int64? {
+func advRounded(_ x: Double) -> Int64? {
     guard x.isFinite, x > -4.6e18, x < 4.6e18 else { return nil }
     let t = Int64(x)  // truncates toward zero
     let rest = x - Double(t)
@@ -113,7 +113,7 @@ func roundedToInteger(_ x: Double) -> Int64? {
 }
 
 /// `YYYY-MM-DDTHH:MM:SS` (UTC) for seconds since the Unix epoch (SPEC.md §0 timestamp form).
-func isoTimestamp(epochSeconds: Int64) -> String {
+func advISOTimestamp(epochSeconds: Int64) -> String {
     let days = epochSeconds >= 0 ? epochSeconds / 86_400 : (epochSeconds - 86_399) / 86_400
     let secondsOfDay = epochSeconds - days * 86_400
     // Civil-from-days (proleptic Gregorian), after H. Hinnant's algorithm.
@@ -133,8 +133,8 @@ func isoTimestamp(epochSeconds: Int64) -> String {
     return "\(paddedYear)-\(two(month))-\(two(day))T\(time)"
 }
 
-/// Seconds since the Unix epoch for `YYYY-MM-DDTHH:MM:SS` (UTC), the inverse of `isoTimestamp`. Nil when malformed.
-func epochSeconds(iso text: String) -> Int64? {
+/// Seconds since the Unix epoch for `YYYY-MM-DDTHH:MM:SS` (UTC), the inverse of `advISOTimestamp`. Nil when malformed.
+func advEpochSeconds(iso text: String) -> Int64? {
     let u = Array(text.utf8)
     guard u.count == 19, u[4] == UInt8(ascii: "-"), u[7] == UInt8(ascii: "-"), u[10] == UInt8(ascii: "T"),
         u[13] == UInt8(ascii: ":"), u[16] == UInt8(ascii: ":")
@@ -151,7 +151,7 @@ func epochSeconds(iso text: String) -> Int64? {
         let mm = number(14..<16), let ss = number(17..<19), (1...12).contains(m), (1...31).contains(d), hh < 24,
         mm < 60, ss < 60
     else { return nil }
-    // Days-from-civil (proleptic Gregorian), the inverse of the algorithm in `isoTimestamp`.
+    // Days-from-civil (proleptic Gregorian), the inverse of the algorithm in `advISOTimestamp`.
     let yy = m <= 2 ? y - 1 : y
     let era = (yy >= 0 ? yy : yy - 399) / 400
     let yoe = yy - era * 400

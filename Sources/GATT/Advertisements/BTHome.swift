@@ -239,12 +239,12 @@ public struct BTHomeV2Parser: AdvertisementParser {
                 field: "BTHome v2 device information", offset: 0, reason: "version \(version), expected 2")
         }
         var start = 1
-        var includedMAC: MACAddress? = nil
+        var includedMAC: AdvertisementMAC? = nil
         if info & 0x02 != 0 {
             guard payload.count >= 7 else {
                 throw .invalidLength(expected: "BTHome v2 with MAC: at least 7 octets", actual: payload.count)
             }
-            includedMAC = MACAddress(payload, at: 1, reversed: true)
+            includedMAC = AdvertisementMAC(payload, at: 1, reversed: true)
             start = 7
         }
         guard info & 0x01 != 0 else {
@@ -261,7 +261,7 @@ public struct BTHomeV2Parser: AdvertisementParser {
                 actual: payload.count)
         }
         let (key, cipher) = try context.requireKey(Self.format)
-        let address: MACAddress
+        let address: AdvertisementMAC
         if let includedMAC { address = includedMAC } else { address = try context.requireMAC(Self.format) }
         var nonce = address.array
         nonce.reserveCapacity(13)
@@ -281,7 +281,7 @@ public struct BTHomeV2Parser: AdvertisementParser {
     }
 
     /// Decodes the object sequence in `bytes[start...]`.
-    static func decodeObjects(_ bytes: [UInt8], from start: Int, mac: MACAddress?, encrypted: Bool)
+    static func decodeObjects(_ bytes: [UInt8], from start: Int, mac: AdvertisementMAC?, encrypted: Bool)
         throws(GATTParseError) -> GATTReading
     {
         let table = BTHomeObjects.table
@@ -375,7 +375,7 @@ public struct BTHomeV2Parser: AdvertisementParser {
             reading.append(object.name, .double(Double(value) / divisor))
         case .timesPoint35:
             // raw × 0.35 rounded to 0.1 = round(raw × 3.5) / 10, exact in binary for every sint8.
-            let tenths = roundedToInteger(Double(Int8(bitPattern: bytes[start])) * 3.5) ?? 0
+            let tenths = advRounded(Double(Int8(bitPattern: bytes[start])) * 3.5) ?? 0
             reading.append(object.name, .double(Double(tenths) / 10))
         case .binary:
             reading.append(object.name, .bool(bytes[start] != 0))
@@ -387,7 +387,7 @@ public struct BTHomeV2Parser: AdvertisementParser {
             reading.append(object.name, name.map { .string($0) } ?? .null)
             reading.append("dimmer_steps", .int(Int64(bytes[start + 1])))
         case .timestamp:
-            reading.append(object.name, .string(isoTimestamp(epochSeconds: Int64(littleEndian(bytes, start, 4)))))
+            reading.append(object.name, .string(advISOTimestamp(epochSeconds: Int64(littleEndian(bytes, start, 4)))))
         case .text:
             // bthome-ble skips empty and non-UTF-8 text.
             guard length > 0, let text = String(validating: bytes[start..<(start + length)], as: UTF8.self) else {
@@ -539,8 +539,8 @@ public enum BTHomeEncoder {
         return info
     }
 
-    private static func parseMAC(_ text: String) throws(GATTParseError) -> MACAddress {
-        guard let mac = MACAddress(text) else { throw .notEncodable("BTHome v2: '\(text)' is not a MAC address") }
+    private static func parseMAC(_ text: String) throws(GATTParseError) -> AdvertisementMAC {
+        guard let mac = AdvertisementMAC(text) else { throw .notEncodable("BTHome v2: '\(text)' is not a MAC address") }
         return mac
     }
 
@@ -572,7 +572,7 @@ public enum BTHomeEncoder {
         let bits = Double(info.length * 8)
         let (low, high): (Double, Double) =
             signed ? (-pow2(bits - 1), pow2(bits - 1) - 1) : (0, pow2(bits) - 1)
-        guard let integer = roundedToInteger(raw), Double(integer) >= low, Double(integer) <= high else {
+        guard let integer = advRounded(raw), Double(integer) >= low, Double(integer) <= high else {
             throw .notEncodable(
                 "BTHome v2: \(info.name) (object 0x\(hex(UInt64(id), 2).uppercased())) raw value \(raw) out of range")
         }
@@ -632,7 +632,7 @@ public enum BTHomeEncoder {
             return [event, UInt8(steps)]
         case .timestamp:
             if case .string(let text) = object.value {
-                guard let seconds = epochSeconds(iso: text) else { throw wrongType() }
+                guard let seconds = advEpochSeconds(iso: text) else { throw wrongType() }
                 return try integerBytes(Double(seconds), info, signed: false, id: id)
             }
             guard let v = number(object.value) else { throw wrongType() }

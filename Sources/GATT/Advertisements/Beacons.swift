@@ -2,7 +2,7 @@
 
 /// Reads a big-endian unsigned integer; the caller has checked the bounds.
 @inline(__always)
-func bigEndian(_ bytes: [UInt8], _ offset: Int, _ length: Int) -> UInt64 {
+func advBigEndian(_ bytes: [UInt8], _ offset: Int, _ length: Int) -> UInt64 {
     var v: UInt64 = 0
     for k in 0..<length { v = v << 8 | UInt64(bytes[offset + k]) }
     return v
@@ -34,25 +34,25 @@ public struct RuuviRAWv2Parser: AdvertisementParser {
             throw .invalidLength(expected: "Ruuvi RAWv2: 24 octets", actual: p.count)
         }
         var r = GATTReading(capacity: 11)
-        let temperature = Int16(truncatingIfNeeded: bigEndian(p, 1, 2))
+        let temperature = Int16(truncatingIfNeeded: advBigEndian(p, 1, 2))
         r.append("temperature_c", temperature == Int16.min ? .null : .double(Double(temperature) * 0.005))
-        let humidity = bigEndian(p, 3, 2)
+        let humidity = advBigEndian(p, 3, 2)
         r.append("humidity_pct", humidity == 0xFFFF ? .null : .double(Double(humidity) * 0.0025))
-        let pressure = bigEndian(p, 5, 2)
+        let pressure = advBigEndian(p, 5, 2)
         r.append("pressure_pa", pressure == 0xFFFF ? .null : .int(Int64(pressure) + 50_000))
         for (k, axis) in ["acceleration_x_mg", "acceleration_y_mg", "acceleration_z_mg"].enumerated() {
-            let a = Int16(truncatingIfNeeded: bigEndian(p, 7 + 2 * k, 2))
+            let a = Int16(truncatingIfNeeded: advBigEndian(p, 7 + 2 * k, 2))
             r.append(axis, a == Int16.min ? .null : .int(Int64(a)))
         }
-        let power = bigEndian(p, 13, 2)
+        let power = advBigEndian(p, 13, 2)
         let battery = power >> 5
         let tx = power & 0x1F
         r.append("battery_voltage_v", battery == 2047 ? .null : .double(Double(battery + 1600) / 1000))
         r.append("tx_power_dbm", tx == 31 ? .null : .int(Int64(tx) * 2 - 40))
         r.append("movement_counter", p[15] == 0xFF ? .null : .int(Int64(p[15])))
-        let sequence = bigEndian(p, 16, 2)
+        let sequence = advBigEndian(p, 16, 2)
         r.append("measurement_sequence", sequence == 0xFFFF ? .null : .int(Int64(sequence)))
-        let mac = MACAddress(p, at: 18, reversed: false)
+        let mac = AdvertisementMAC(p, at: 18, reversed: false)
         r.append("mac", mac.isAllOnes ? .null : .string(mac.string))
         return r
     }
@@ -91,8 +91,8 @@ public struct IBeaconParser: AdvertisementParser {
             + String(decoding: u[12..<16], as: UTF8.self) + "-" + String(decoding: u[16..<20], as: UTF8.self) + "-"
             + String(decoding: u[20..<32], as: UTF8.self)
         r.append("ibeacon_uuid", .string(uuid))
-        r.append("major", .int(Int64(bigEndian(p, 18, 2))))
-        r.append("minor", .int(Int64(bigEndian(p, 20, 2))))
+        r.append("major", .int(Int64(advBigEndian(p, 18, 2))))
+        r.append("minor", .int(Int64(advBigEndian(p, 20, 2))))
         r.append("tx_power_dbm", .int(Int64(Int8(bitPattern: p[22]))))
         return r
     }
@@ -160,14 +160,14 @@ public struct EddystoneParser: AdvertisementParser {
                     "Eddystone TLM version \(p[1]) at offset 1 (0x01 is encrypted TLM, which needs the beacon's EIK)")
             }
             guard p.count == 14 else { throw .invalidLength(expected: "Eddystone TLM: 14 octets", actual: p.count) }
-            let mV = bigEndian(p, 2, 2)
-            let temp = bigEndian(p, 4, 2)
+            let mV = advBigEndian(p, 2, 2)
+            let temp = advBigEndian(p, 4, 2)
             r.append("frame_type", .string("tlm"))
             r.append("battery_voltage_v", mV == 0 ? .null : .double(Double(mV) / 1000))
             r.append(
                 "temperature_c", temp == 0x8000 ? .null : .double(Double(Int16(truncatingIfNeeded: temp)) / 256))
-            r.append("adv_count", .int(Int64(bigEndian(p, 6, 4))))
-            r.append("uptime_s", .double(Double(bigEndian(p, 10, 4)) / 10))
+            r.append("adv_count", .int(Int64(advBigEndian(p, 6, 4))))
+            r.append("uptime_s", .double(Double(advBigEndian(p, 10, 4)) / 10))
         case 0x30:
             guard p.count == 10 else { throw .invalidLength(expected: "Eddystone EID: 10 octets", actual: p.count) }
             r.append("frame_type", .string("eid"))
@@ -199,7 +199,7 @@ public struct GoveeH5075Parser: AdvertisementParser {
         guard p.count == 6 else {
             throw .invalidLength(expected: "Govee H5072/H5075: 6 octets", actual: p.count)
         }
-        let v = bigEndian(p, 1, 3)
+        let v = advBigEndian(p, 1, 3)
         let magnitude = v & 0x7F_FFFF
         let negative = v & 0x80_0000 != 0
         let tenths = Int64(magnitude / 1000)

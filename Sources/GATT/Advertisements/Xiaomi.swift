@@ -21,10 +21,10 @@ public struct ATCParser: AdvertisementParser {
         case 13:
             let mac = try checkedMAC(p, reversed: false, context: context, format: "ATC1441")
             r.append("mac", .string(mac.string))
-            r.append("temperature_c", .double(Double(Int16(truncatingIfNeeded: bigEndian(p, 6, 2))) / 10))
+            r.append("temperature_c", .double(Double(Int16(truncatingIfNeeded: advBigEndian(p, 6, 2))) / 10))
             r.append("humidity_pct", .int(Int64(p[8])))
             r.append("battery_pct", .int(Int64(p[9])))
-            r.append("battery_voltage_v", .double(Double(bigEndian(p, 10, 2)) / 1000))
+            r.append("battery_voltage_v", .double(Double(advBigEndian(p, 10, 2)) / 1000))
             r.append("packet_counter", .int(Int64(p[12])))
         case 15:
             let mac = try checkedMAC(p, reversed: true, context: context, format: "ATC pvvx custom")
@@ -65,9 +65,9 @@ public struct ATCParser: AdvertisementParser {
     }
 
     private func checkedMAC(_ p: [UInt8], reversed: Bool, context: AdvertisementContext, format: String)
-        throws(GATTParseError) -> MACAddress
+        throws(GATTParseError) -> AdvertisementMAC
     {
-        let mac = MACAddress(p, at: 0, reversed: reversed)
+        let mac = AdvertisementMAC(p, at: 0, reversed: reversed)
         if let advertiser = context.parsedMAC, advertiser != mac {
             throw .invalidValue(
                 field: "\(format) MAC", offset: 0,
@@ -136,12 +136,12 @@ public struct MiBeaconParser: AdvertisementParser {
         r.append("product_id", .int(Int64(productID)))
         r.append("frame_counter", .int(Int64(p[4])))
         var i = 5
-        var mac: MACAddress? = nil
+        var mac: AdvertisementMAC? = nil
         if fc & 0x0010 != 0 {
             guard p.count >= i + 6 else {
                 throw .invalidValue(field: "Xiaomi MiBeacon MAC", offset: i, reason: "truncated: needs 6 octets")
             }
-            let m = MACAddress(p, at: i, reversed: true)
+            let m = AdvertisementMAC(p, at: i, reversed: true)
             if let advertiser = context.parsedMAC, advertiser != m {
                 throw .invalidValue(
                     field: "Xiaomi MiBeacon MAC", offset: i,
@@ -175,7 +175,7 @@ public struct MiBeaconParser: AdvertisementParser {
             return r
         }
         let format = "Xiaomi MiBeacon v\(version)"
-        let address: MACAddress
+        let address: AdvertisementMAC
         if let mac { address = mac } else { address = try context.requireMAC(format) }
         if version >= 4 {
             // objects | ext counter (3) | MIC (4)
