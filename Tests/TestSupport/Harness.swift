@@ -89,14 +89,17 @@ public func freeLoopbackPort() throws -> UInt16 {
 }
 
 /// A child process that is killed (SIGTERM, then SIGKILL) when stopped or deinitialised.
+///
+/// Its stdout and stderr go to files in a private temp dir (no pipes and no dispatch sources, so a chatty child
+/// can never block on a full pipe and nothing watches an fd after it is closed).
 public final class ChildProcess: @unchecked Sendable {
     public let process: Process
     public let name: String
-    private let stdoutPipe = Pipe()
-    private let stderrPipe = Pipe()
-    private let lock = NSLock()
-    private var stdoutBuffer = Data()
-    private var stderrBuffer = Data()
+    private let outputDirectory: TemporaryDirectory
+    private let stdoutURL: URL
+    private let stderrURL: URL
+    private let stdoutHandle: FileHandle
+    private let stderrHandle: FileHandle
 
     /// Starts `executable` with `arguments`; its stdout and stderr are captured.
     public init(
@@ -104,6 +107,13 @@ public final class ChildProcess: @unchecked Sendable {
         currentDirectory: URL? = nil
     ) throws {
         self.name = name ?? executable.lastPathComponent
+        outputDirectory = try TemporaryDirectory(prefix: "blebridge-child")
+        stdoutURL = outputDirectory.url.appendingPathComponent("stdout")
+        stderrURL = outputDirectory.url.appendingPathComponent("stderr")
+        FileManager.default.createFile(atPath: stdoutURL.path, contents: nil)
+        FileManager.default.createFile(atPath: stderrURL.path, contents: nil)
+        stdoutHandle = try FileHandle(forWritingTo: stdoutURL)
+        stderrHandle = try FileHandle(forWritingTo: stderrURL)
         process = Process()
         process.executableURL = executable
         process.arguments = arguments
@@ -111,26 +121,16 @@ public final class ChildProcess: @unchecked Sendable {
             process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         }
         if let currentDirectory { process.currentDirectoryURL = currentDirectory }
-        process.standardOutput = stdoutPipe
-        process.standardError = stderrPipe
+        process.standardOutput = stdoutHandle
+        process.standardError = stderrHandle
         process.standardInput = FileHandle.nullDevice
-        stdoutPipe.fileHandleForReading.readabilityHandler = { [weak self] handle in
-            let data = handle.availableData
-            guard let self, !data.isEmpty else { return }
-            self.lock.withLock { self.stdoutBuffer.append(data) }
-        }
-        stderrPipe.fileHandleForReading.readabilityHandler = { [weak self] handle in
-            let data = handle.availableData
-            guard let self, !data.isEmpty else { return }
-            self.lock.withLock { self.stderrBuffer.append(data) }
-        }
         try process.run()
     }
 
     /// Everything the process wrote to stdout so far.
-    public var stdout: String { lock.withLock { String(decoding: stdoutBuffer, as: UTF8.self) } }
+    public var stdout: String { (try? String(contentsOf: stdoutURL, encoding: .utf8)) ?? "" }
     /// Everything the process wrote to stderr so far.
-    public var stderr: String { lock.withLock { String(decoding: stderrBuffer, as: UTF8.self) } }
+    public var stderr: String { (try? String(contentsOf: stderrURL, encoding: .utf8)) ?? "" }
 
     public var pid: Int32 { process.processIdentifier }
     public var isRunning: Bool { process.isRunning }
@@ -145,7 +145,6 @@ public final class ChildProcess: @unchecked Sendable {
             let out = stdout
             if condition(out) { return out }
             if !process.isRunning {
-                Thread.sleep(forTimeInterval: 0.05)
                 let out = stdout
                 if condition(out) { return out }
                 throw HarnessError("\(name) exited (status \(process.terminationStatus)); stderr: \(stderr)")
@@ -164,16 +163,9 @@ public final class ChildProcess: @unchecked Sendable {
                 stop()
                 throw HarnessError("\(name) did not exit within \(timeout)s; stderr: \(stderr)")
             }
-            Thread.sleep(forTimeInterval: 0.01)
+            Thread.sleep(forTimeInterval: 0.005)
         }
         process.waitUntilExit()
-        // Let the readability handlers drain what is left in the pipes.
-        let restOut = stdoutPipe.fileHandleForReading.readDataToEndOfFile()
-        let restErr = stderrPipe.fileHandleForReading.readDataToEndOfFile()
-        lock.withLock {
-            stdoutBuffer.append(restOut)
-            stderrBuffer.append(restErr)
-        }
         return process.terminationStatus
     }
 
@@ -187,15 +179,15 @@ public final class ChildProcess: @unchecked Sendable {
         guard process.isRunning else { return }
         kill(process.processIdentifier, SIGTERM)
         let deadline = Date().addingTimeInterval(grace)
-        while process.isRunning && Date() < deadline { Thread.sleep(forTimeInterval: 0.01) }
+        while process.isRunning && Date() < deadline { Thread.sleep(forTimeInterval: 0.005) }
         if process.isRunning { kill(process.processIdentifier, SIGKILL) }
         process.waitUntilExit()
     }
 
     deinit {
         stop(grace: 1)
-        stdoutPipe.fileHandleForReading.readabilityHandler = nil
-        stderrPipe.fileHandleForReading.readabilityHandler = nil
+        try? stdoutHandle.close()
+        try? stderrHandle.close()
     }
 }
 
