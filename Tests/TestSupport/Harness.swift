@@ -124,6 +124,13 @@ public final class ChildProcess: @unchecked Sendable {
         process.standardOutput = stdoutHandle
         process.standardError = stderrHandle
         process.standardInput = FileHandle.nullDevice
+        // The child inherits the calling thread's signal mask, and the test runner's threads block SIGTERM:
+        // clear the mask around the spawn so the child can be stopped gracefully.
+        var empty = sigset_t()
+        var old = sigset_t()
+        sigemptyset(&empty)
+        pthread_sigmask(SIG_SETMASK, &empty, &old)
+        defer { pthread_sigmask(SIG_SETMASK, &old, nil) }
         try process.run()
     }
 
