@@ -102,6 +102,7 @@ struct CoreState {
     }
     struct SubscribeRequest {
         let filter: String
+        let qos: MQTTQoS
         let completion: Completion<MQTTQoS>?
     }
 
@@ -136,6 +137,8 @@ final class ClientCore: Sendable {
     /// Completed when the loop thread has finished.
     let finished = Completion<Void>()
     let stopRequested = Atomic<Bool>(false)
+    /// The broker's maximum packet size from the last CONNACK (MQTT 5), 0 when it set none.
+    let maximumPacketSize = Atomic<UInt32>(0)
     let received = Atomic<Int>(0)
     let receiveDropped = Atomic<Int>(0)
     /// The last warning or error libmosquitto logged (TLS failures explain themselves only there).
@@ -456,6 +459,20 @@ final class ClientCore: Sendable {
     /// here when the message did not go out.
     private func transmit(_ item: QueuedPublish) -> TransmitOutcome {
         let message = item.message
+        // libmosquitto 2.0.11 aborts the process (an assert in its logging) when asked to publish a packet over the
+        // broker's maximum, so such packets never reach it: the check here is exact and stricter than its own.
+        let maximum = maximumPacketSize.load(ordering: .relaxed)
+        if maximum > 0 {
+            let size = message.packetSize(isV5: isV5)
+            if size > Int(maximum) {
+                releaseSlot(message.qos)
+                let error = Mosquitto.error(
+                    MOSQ_ERR_OVERSIZE_PACKET.rawValue, "publish to \(message.topic)",
+                    extra: "a \(size)-byte packet; the broker accepts at most \(maximum) bytes")
+                item.completion.complete(.failure(error))
+                return .failed(error)
+            }
+        }
         var mid: Int32 = 0
         var rc: Int32
         var properties: MosquittoProperties?
@@ -611,7 +628,7 @@ final class ClientCore: Sendable {
         }
         let early: Int32? = state.withLock { state in
             if let granted = state.earlySubacks.removeValue(forKey: mid) { return granted }
-            state.subscribeRequests[mid] = CoreState.SubscribeRequest(filter: filter, completion: completion)
+            state.subscribeRequests[mid] = CoreState.SubscribeRequest(filter: filter, qos: qos, completion: completion)
             return nil
         }
         if let early { finishSubscribe(filter: filter, granted: early, completion: completion) }
@@ -629,7 +646,8 @@ final class ClientCore: Sendable {
             let code = MQTTReasonCode(rawValue: UInt8(truncatingIfNeeded: granted))
             completion?.complete(
                 .failure(
-                    MQTTError(.rejected(code), operation: "subscribe to \(filter)", detail: "the broker answered \(code)")
+                    MQTTError(
+                        .rejected(code), operation: "subscribe to \(filter)", detail: "the broker answered \(code)")
                 ))
         }
     }
@@ -708,6 +726,12 @@ final class ClientCore: Sendable {
             return
         }
         let sessionPresent = flags & 1 != 0
+        var maximum: UInt32 = 0
+        if properties != nil {
+            _ = mosquitto_property_read_int32(
+                properties, Int32(MQTT_PROP_MAXIMUM_PACKET_SIZE.rawValue), &maximum, false)
+        }
+        maximumPacketSize.store(maximum, ordering: .relaxed)
         let resubscribe = state.withLock { state -> [(String, MQTTQoS)] in
             state.connected = true
             state.attempt = 0
@@ -731,8 +755,25 @@ final class ClientCore: Sendable {
 
     private func onDisconnect(rc: Int32) {
         // Subscriptions keep their `active` flag: the next CONNACK's session-present bit decides whether the
-        // broker still has them.
-        state.withLock { $0.connected = false }
+        // broker still has them. SUBACKs and UNSUBACKs of the lost connection will never come: the subscription set
+        // is already recorded and is restored on reconnect, so those waits end now as if acknowledged.
+        // Unacknowledged QoS 1/2 publishes stay: libmosquitto resends them after reconnecting.
+        let (subscribes, unsubscribes) = state.withLock { state in
+            state.connected = false
+            defer {
+                state.subscribeRequests = [:]
+                state.unsubscribeWaiters = [:]
+            }
+            return (Array(state.subscribeRequests.values), Array(state.unsubscribeWaiters.values))
+        }
+        for request in subscribes { request.completion?.complete(.success(request.qos)) }
+        for waiter in unsubscribes { waiter.complete(.success(())) }
+    }
+
+    /// Test hook: breaks the TCP connection under libmosquitto (no DISCONNECT), as a network failure would.
+    func breakConnectionForTesting() {
+        let socket = mosquitto_socket(handle.raw)
+        if socket >= 0 { _ = shutdown(socket, Int32(SHUT_RDWR)) }
     }
 
     private func onPublish(mid: Int32, reason: Int32) {

@@ -82,7 +82,7 @@ public struct MQTTBrokerURL: Sendable, Hashable, CustomStringConvertible {
 /// The MQTT protocol revision the client speaks.
 public enum MQTTProtocolVersion: String, Sendable, Hashable {
     /// MQTT 3.1.1 (protocol level 4).
-    case v3_1_1 = "3.1.1"
+    case v311 = "3.1.1"
     /// MQTT 5.0: reason codes, properties, session expiry.
     case v5 = "5"
 }
@@ -290,7 +290,7 @@ public struct MQTTConfiguration: Sendable {
             } catch {
                 throw MQTTError(.invalidTopic, operation: "check MQTT settings", detail: "will.topic: \(error.detail)")
             }
-            if protocolVersion == .v3_1_1 && !will.properties.isEmpty {
+            if protocolVersion == .v311 && !will.properties.isEmpty {
                 throw fail("will.properties", "properties need MQTT 5")
             }
         }

@@ -135,3 +135,31 @@ public struct MQTTClientStatistics: Sendable, Hashable {
     /// Successful connections (the first one included).
     public var connections: Int = 0
 }
+
+extension MQTTOutgoingMessage {
+    /// The size in bytes of this message's PUBLISH packet (fixed header included), as MQTT 3.1.1 / 5 define it.
+    func packetSize(isV5: Bool) -> Int {
+        func varintSize(_ value: Int) -> Int {
+            switch value {
+            case ..<128: 1
+            case ..<16_384: 2
+            case ..<2_097_152: 3
+            default: 4
+            }
+        }
+        var remaining = 2 + topic.utf8.count + (qos == .atMostOnce ? 0 : 2) + payload.count
+        if isV5 {
+            var properties = 0
+            if self.properties.payloadIsUTF8 != nil { properties += 2 }
+            if self.properties.messageExpiry != nil { properties += 5 }
+            if let contentType = self.properties.contentType { properties += 3 + contentType.utf8.count }
+            if let responseTopic = self.properties.responseTopic { properties += 3 + responseTopic.utf8.count }
+            if let correlationData = self.properties.correlationData { properties += 3 + correlationData.count }
+            for property in self.properties.userProperties {
+                properties += 5 + property.name.utf8.count + property.value.utf8.count
+            }
+            remaining += varintSize(properties) + properties
+        }
+        return 1 + varintSize(remaining) + remaining
+    }
+}

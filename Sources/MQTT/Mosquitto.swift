@@ -144,7 +144,9 @@ final class MosquittoProperties: @unchecked Sendable {
             switch UInt32(bitPattern: id) {
             case MQTT_PROP_PAYLOAD_FORMAT_INDICATOR.rawValue:
                 var value: UInt8 = 0
-                if mosquitto_property_read_byte(property, id, &value, false) != nil { result.payloadIsUTF8 = value == 1 }
+                if mosquitto_property_read_byte(property, id, &value, false) != nil {
+                    result.payloadIsUTF8 = value == 1
+                }
             case MQTT_PROP_MESSAGE_EXPIRY_INTERVAL.rawValue:
                 var value: UInt32 = 0
                 if mosquitto_property_read_int32(property, id, &value, false) != nil {

@@ -34,7 +34,7 @@ final class MosquittoHandle: @unchecked Sendable {
 func startThread(_ body: @escaping @Sendable () -> Void) throws(MQTTError) {
     final class Box {
         let body: @Sendable () -> Void
-        
+
         init(_ body: @escaping @Sendable () -> Void) {
             self.body = body
         }
@@ -52,7 +52,8 @@ func startThread(_ body: @escaping @Sendable () -> Void) throws(MQTTError) {
     guard rc == 0 else {
         Unmanaged<Box>.fromOpaque(box).release()
         throw MQTTError(
-            .library(MOSQ_ERR_ERRNO.rawValue), operation: "start MQTT loop thread", detail: String(cString: strerror(rc)))
+            .library(MOSQ_ERR_ERRNO.rawValue), operation: "start MQTT loop thread",
+            detail: String(cString: strerror(rc)))
     }
     pthread_detach(thread)
 }

@@ -131,7 +131,7 @@ import Testing
             ),
             (
                 MQTTConfiguration(
-                    broker: broker, protocolVersion: .v3_1_1,
+                    broker: broker, protocolVersion: .v311,
                     will: MQTTWill(topic: "a", payload: [], properties: .init(contentType: "text/plain"))),
                 "will.properties"
             ),

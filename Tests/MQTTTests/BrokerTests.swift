@@ -1,0 +1,220 @@
+import Foundation
+import TestSupport
+import Testing
+
+@testable import MQTT
+
+/// Round trips against a real mosquitto started per test.
+@Suite struct BrokerTests {
+    @Test(arguments: [MQTTProtocolVersion.v311, .v5])
+    func roundTripAtEachQoS(version: MQTTProtocolVersion) async throws {
+        let broker = try MosquittoBroker()
+        let subscriber = try await connectedClient(configuration(broker, version: version))
+        let publisher = try await connectedClient(configuration(broker, version: version))
+        let messages = subscriber.messages(matching: "rt/#")
+        #expect(try await subscriber.subscribe(to: "rt/#", qos: .exactlyOnce) == .exactlyOnce)
+        for qos in MQTTQoS.allCases {
+            try await publisher.publish(to: "rt/qos\(qos.rawValue)", payload: [UInt8(qos.rawValue), 0xFF, 0], qos: qos)
+        }
+        let received = try await messages.first(3)
+        #expect(received.map(\.topic) == ["rt/qos0", "rt/qos1", "rt/qos2"])
+        #expect(received.map(\.qos) == [.atMostOnce, .atLeastOnce, .exactlyOnce])
+        #expect(received.map(\.payload) == [[0, 0xFF, 0], [1, 0xFF, 0], [2, 0xFF, 0]])
+        #expect(received.allSatisfy { !$0.retain })
+        let stats = publisher.statistics
+        #expect(stats.published == 3 && stats.acknowledged == 2 && stats.connections == 1)
+        #expect(subscriber.statistics.received == 3)
+        await publisher.disconnect()
+        await subscriber.disconnect()
+        #expect(publisher.connectionState == .stopped)
+    }
+
+    @Test func subscriptionGrantsAndFiltersStreams() async throws {
+        let broker = try MosquittoBroker()
+        let client = try await connectedClient(configuration(broker))
+        let all = client.messages()
+        let onlyB = client.messages(matching: "x/b/+")
+        #expect(try await client.subscribe(to: "x/#", qos: .atMostOnce) == .atMostOnce)
+        try await client.publish(to: "x/a/1", payload: Array("a".utf8))
+        try await client.publish(to: "x/b/1", payload: Array("b".utf8))
+        #expect(try await all.first(2).map(\.topic) == ["x/a/1", "x/b/1"])
+        #expect(try await onlyB.first(1).map(\.payloadString) == ["b"])
+        try await client.unsubscribe(from: "x/#")
+        try await client.publish(to: "x/a/2", payload: [1], qos: .atLeastOnce)
+        try await client.subscribe(to: "x/c")
+        try await client.publish(to: "x/c", payload: [2], qos: .atLeastOnce)
+        // After the unsubscribe only x/c arrives: x/a/2 would otherwise have come first.
+        #expect(try await all.first(1).map(\.topic) == ["x/c"])
+        await #expect(throws: MQTTError.self) { try await client.subscribe(to: "x/#/y") }
+        await client.disconnect()
+    }
+
+    @Test func retainedMessageReachesLaterSubscribers() async throws {
+        let broker = try MosquittoBroker()
+        let publisher = try await connectedClient(configuration(broker))
+        try await publisher.publish(to: "home/status", payload: Array("online".utf8), qos: .atLeastOnce, retain: true)
+        let late = try await connectedClient(configuration(broker))
+        let messages = late.messages()
+        try await late.subscribe(to: "home/+")
+        let first = try #require(try await messages.first(1).first)
+        #expect(first.topic == "home/status" && first.payloadString == "online" && first.retain)
+        // A live message is not flagged retained, even when published with retain.
+        try await publisher.publish(to: "home/status", payload: Array("busy".utf8), qos: .atLeastOnce, retain: true)
+        let live = try #require(try await messages.first(1).first)
+        #expect(live.payloadString == "busy" && !live.retain)
+        await publisher.disconnect()
+        await late.disconnect()
+    }
+
+    @Test func willIsPublishedWhenTheClientDies() async throws {
+        let broker = try MosquittoBroker()
+        let watcher = try await connectedClient(configuration(broker))
+        let messages = watcher.messages()
+        try await watcher.subscribe(to: "will/#")
+        let child = try ChildProcess(
+            executable: Fixtures.executable("bench-mqtt"),
+            arguments: ["will-child", "--port", "\(broker.port)", "--topic", "will/child"])
+        try child.waitForOutput(timeout: 10) { $0.contains("connected") }
+        child.signal(SIGKILL)
+        let will = try #require(try await messages.first(1).first)
+        #expect(will.topic == "will/child")
+        #expect(will.payloadString == "child \(child.pid) died")
+        #expect(will.qos == .atLeastOnce)
+        await watcher.disconnect()
+    }
+
+    @Test func cleanDisconnectDoesNotPublishTheWill() async throws {
+        let broker = try MosquittoBroker()
+        let watcher = try await connectedClient(configuration(broker))
+        let messages = watcher.messages()
+        try await watcher.subscribe(to: "will/#")
+        var settings = configuration(broker)
+        settings.will = MQTTWill(
+            topic: "will/clean", payload: Array("gone".utf8),
+            properties: MQTTPublishProperties(contentType: "text/plain"))
+        let leaving = try await connectedClient(settings)
+        await leaving.disconnect()
+        // A marker published after the disconnect arrives first: no will was published in between.
+        try await watcher.publish(to: "will/marker", payload: [], qos: .atLeastOnce)
+        #expect(try await messages.first(1).map(\.topic) == ["will/marker"])
+        await watcher.disconnect()
+    }
+
+    @Test func reconnectsResubscribesAndDrainsTheQueueInOrder() async throws {
+        let broker = try MosquittoBroker()
+        var subscriberSettings = configuration(broker)
+        subscriberSettings.reconnect = MQTTReconnectPolicy(
+            initialDelay: .milliseconds(20), maximumDelay: .milliseconds(100))
+        let subscriber = try await connectedClient(subscriberSettings)
+        var publisherSettings = configuration(broker)
+        // The publisher comes back well after the subscriber has resubscribed.
+        publisherSettings.reconnect = MQTTReconnectPolicy(initialDelay: .milliseconds(1500), maximumDelay: .seconds(3))
+        let publisher = try await connectedClient(publisherSettings)
+        let messages = subscriber.messages(matching: "queue/#")
+        try await subscriber.subscribe(to: "queue/#", qos: .atLeastOnce)
+
+        broker.stop()
+        try await publisher.waitForState("publisher lost the broker") {
+            if case .waitingToReconnect = $0 { return true } else { return false }
+        }
+        let deliveries = try (0..<50).map { index in
+            try publisher.send(
+                MQTTOutgoingMessage(topic: "queue/item", payload: Array("\(index)".utf8), qos: .atLeastOnce))
+        }
+        #expect(publisher.statistics.queued == 50)
+        #expect(deliveries.allSatisfy { !$0.isFinished })
+        try broker.restart()
+        try await subscriber.waitForState("subscriber back") { $0.isConnected }
+        for delivery in deliveries { try await within(10, "acknowledgement") { try await delivery.acknowledged() } }
+        let received = try await messages.first(50)
+        #expect(received.map(\.payloadString) == (0..<50).map { "\($0)" })
+        #expect(publisher.statistics.queued == 0)
+        #expect(publisher.statistics.connections == 2)
+        #expect(subscriber.statistics.connections == 2)
+        await publisher.disconnect()
+        await subscriber.disconnect()
+    }
+
+    @Test func inflightMessagesSurviveABrokenConnection() async throws {
+        let broker = try MosquittoBroker()
+        let subscriber = try await connectedClient(configuration(broker))
+        let messages = subscriber.messages()
+        try await subscriber.subscribe(to: "burst", qos: .atLeastOnce)
+        var settings = configuration(broker)
+        settings.maxInflightMessages = 50
+        let publisher = try await connectedClient(settings)
+        let states = publisher.connectionStates()
+        let deliveries = try (0..<2000).map { index in
+            try publisher.send(MQTTOutgoingMessage(topic: "burst", payload: Array("\(index)".utf8), qos: .atLeastOnce))
+        }
+        // Cut the TCP connection while messages are in flight and queued behind the window.
+        publisher.core.breakConnectionForTesting()
+        for delivery in deliveries { try await within(15, "acknowledgement") { try await delivery.acknowledged() } }
+        let seen = try await within(10, "reconnect seen in the state stream") {
+            var sawReconnect = false
+            var connectedCount = 0
+            for await state in states {
+                if case .waitingToReconnect = state { sawReconnect = true }
+                if state.isConnected { connectedCount += 1 }
+                if sawReconnect && connectedCount >= 2 { return true }
+            }
+            return false
+        }
+        #expect(seen)
+        // At-least-once: every message arrives, resent ones possibly twice.
+        let received = try await messages.first(2000, timeout: 15)
+        var distinct = Set(received.map(\.payloadString))
+        while distinct.count < 2000 {
+            let more = try await messages.first(1)
+            distinct.formUnion(more.map(\.payloadString))
+        }
+        #expect(distinct.count == 2000)
+        #expect(publisher.statistics.connections == 2)
+        await publisher.disconnect()
+        await subscriber.disconnect()
+    }
+
+    @Test func offlineQueueIsBoundedAndDropsOldestQoS0First() async throws {
+        let port = try freeLoopbackPort()
+        var settings = MQTTConfiguration(broker: MQTTBrokerURL(host: "127.0.0.1", port: port))
+        settings.offlineQueueCapacity = 4
+        settings.reconnect = MQTTReconnectPolicy(initialDelay: .seconds(1), maximumDelay: .seconds(1))
+        let client = try MQTTClient(configuration: settings)
+        try client.start()  // nothing listens yet: everything queues
+        func send(_ name: String, _ qos: MQTTQoS) throws -> MQTTDelivery {
+            try client.send(MQTTOutgoingMessage(topic: "q/\(name)", payload: Array(name.utf8), qos: qos))
+        }
+        let a1 = try send("a1", .atLeastOnce)
+        let b0 = try send("b0", .atMostOnce)
+        let c1 = try send("c1", .atLeastOnce)
+        let d0 = try send("d0", .atMostOnce)
+        let e1 = try send("e1", .atLeastOnce)  // full: drops b0
+        let f1 = try send("f1", .atLeastOnce)  // drops d0
+        let g2 = try send("g2", .exactlyOnce)  // no QoS 0 left: drops the oldest, a1
+        for dropped in [b0, d0, a1] {
+            await #expect {
+                try await dropped.acknowledged()
+            } throws: { error in
+                (error as? MQTTError)?.code == .dropped
+            }
+        }
+        var stats = client.statistics
+        #expect(stats.droppedQoS0 == 2 && stats.droppedQoS1Or2 == 1 && stats.queued == 4)
+
+        // The broker appears; a subscriber is in place before the client's next retry (1 s apart), and the
+        // survivors go out in order.
+        let broker = try MosquittoBroker(port: port)
+        let subscriber = try await connectedClient(configuration(broker))
+        let messages = subscriber.messages()
+        try await subscriber.subscribe(to: "q/#", qos: .exactlyOnce)
+        #expect(!client.connectionState.isConnected, "the client reconnected before the subscriber was ready")
+        for delivery in [c1, e1, f1, g2] { try await within(10, "ack") { try await delivery.acknowledged() } }
+        let received = try await messages.first(4)
+        #expect(received.map(\.topic) == ["q/c1", "q/e1", "q/f1", "q/g2"])
+        #expect(received.map(\.qos) == [.atLeastOnce, .atLeastOnce, .atLeastOnce, .exactlyOnce])
+        stats = client.statistics
+        #expect(stats.queued == 0 && stats.acknowledged == 4)
+        await subscriber.disconnect()
+        await client.disconnect()
+    }
+}
