@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # MQTT client throughput: release build of bench-mqtt against its own mosquitto on a free loopback port.
-#   bench/mqtt.sh [--count N] [--payload BYTES] [--qos 0,1]
+#   bench/mqtt.sh [--count N] [--payload BYTES] [--qos 0,1] [--inflight WINDOW]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/opt/swift/usr/bin:$PATH

@@ -231,7 +231,7 @@ public struct MQTTConfiguration: Sendable {
         cleanSession: Bool = true, sessionExpiry: Duration = .seconds(86_400), keepAlive: Duration = .seconds(60),
         credentials: MQTTCredentials? = nil, tls: MQTTTLSConfiguration? = nil, will: MQTTWill? = nil,
         reconnect: MQTTReconnectPolicy = MQTTReconnectPolicy(), offlineQueueCapacity: Int = 10_000,
-        maxInflightMessages: Int = 1_000, receiveBufferCapacity: Int = 100_000
+        maxInflightMessages: Int = 100, receiveBufferCapacity: Int = 100_000
     ) {
         self.broker = broker
         self.clientID = clientID

@@ -1,6 +1,6 @@
 // bench-mqtt: publish throughput of the MQTT target against a local broker (bench/mqtt.sh starts one).
 //
-//   bench-mqtt --port P [--count N] [--payload BYTES] [--qos 0,1]
+//   bench-mqtt --port P [--count N] [--payload BYTES] [--qos 0,1] [--inflight WINDOW]
 //       For each QoS: a subscriber client and a publisher client (both in this process) on one topic; the publisher
 //       sends N messages as fast as the client takes them, the subscriber counts them. Prints messages per second
 //       (first send to last receipt) and the process CPU time per message (getrusage: both clients together).
@@ -61,6 +61,7 @@ if CommandLine.arguments.dropFirst().first == "will-child" {
 
 let count = Int(argument("--count", default: "200000")) ?? 200_000
 let payloadSize = Int(argument("--payload", default: "100")) ?? 100
+let inflight = Int(argument("--inflight", default: "100")) ?? 100
 let levels = argument("--qos", default: "0,1").split(separator: ",").compactMap { Int($0) }.compactMap(MQTTQoS.init)
 
 func run(qos: MQTTQoS) async throws {
@@ -68,7 +69,7 @@ func run(qos: MQTTQoS) async throws {
     func configuration(_ name: String) -> MQTTConfiguration {
         MQTTConfiguration(
             broker: broker, clientID: "bench-\(name)-\(getpid())", protocolVersion: .v5,
-            offlineQueueCapacity: count, maxInflightMessages: 1_000, receiveBufferCapacity: count)
+            offlineQueueCapacity: count, maxInflightMessages: inflight, receiveBufferCapacity: count)
     }
     let subscriber = try MQTTClient(configuration: configuration("sub\(qos.rawValue)"))
     let publisher = try MQTTClient(configuration: configuration("pub\(qos.rawValue)"))

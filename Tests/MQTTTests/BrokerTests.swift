@@ -101,17 +101,24 @@ import Testing
     }
 
     @Test func reconnectsResubscribesAndDrainsTheQueueInOrder() async throws {
-        let broker = try MosquittoBroker()
-        var subscriberSettings = configuration(broker)
-        subscriberSettings.reconnect = MQTTReconnectPolicy(
-            initialDelay: .milliseconds(20), maximumDelay: .milliseconds(100))
-        let subscriber = try await connectedClient(subscriberSettings)
-        var publisherSettings = configuration(broker)
-        // The publisher comes back well after the subscriber has resubscribed.
-        publisherSettings.reconnect = MQTTReconnectPolicy(initialDelay: .milliseconds(1500), maximumDelay: .seconds(3))
-        let publisher = try await connectedClient(publisherSettings)
-        let messages = subscriber.messages(matching: "queue/#")
-        try await subscriber.subscribe(to: "queue/#", qos: .atLeastOnce)
+        // The broker keeps persistent sessions across its restart (saved after every change), so a second, persistent
+        // subscriber sees every queued message whichever client comes back first; the first subscriber has a clean
+        // session, which the restart loses, so it must resubscribe by itself.
+        let state = try TemporaryDirectory(prefix: "blebridge-mqtt-db")
+        try FileManager.default.setAttributes([.posixPermissions: 0o777], ofItemAtPath: state.url.path)
+        let broker = try MosquittoBroker(extraConfig: Self.persistence(state))
+        var cleanSettings = configuration(broker)
+        cleanSettings.reconnect = MQTTReconnectPolicy(initialDelay: .milliseconds(20), maximumDelay: .milliseconds(100))
+        let clean = try await connectedClient(cleanSettings)
+        let cleanMessages = clean.messages(matching: "queue/#")
+        try await clean.subscribe(to: "queue/#", qos: .atLeastOnce)
+        var persistentSettings = configuration(broker, clientID: "restart-persistent")
+        persistentSettings.cleanSession = false
+        let persistent = try await connectedClient(persistentSettings)
+        let persistentMessages = persistent.messages(matching: "queue/item")
+        try await persistent.subscribe(to: "queue/item", qos: .atLeastOnce)
+        let publisher = try await connectedClient(configuration(broker))
+        let publisherStates = publisher.connectionStates()
 
         broker.stop()
         try await publisher.waitForState("publisher lost the broker") {
@@ -124,15 +131,50 @@ import Testing
         #expect(publisher.statistics.queued == 50)
         #expect(deliveries.allSatisfy { !$0.isFinished })
         try broker.restart()
-        try await subscriber.waitForState("subscriber back") { $0.isConnected }
         for delivery in deliveries { try await within(10, "acknowledgement") { try await delivery.acknowledged() } }
-        let received = try await messages.first(50)
+        let received = try await persistentMessages.first(50)
         #expect(received.map(\.payloadString) == (0..<50).map { "\($0)" })
-        #expect(publisher.statistics.queued == 0)
-        #expect(publisher.statistics.connections == 2)
-        #expect(subscriber.statistics.connections == 2)
+        #expect(persistent.connectionState == .connected(sessionPresent: true))
+
+        try await clean.waitForState("clean subscriber back") { $0.isConnected }
+        #expect(clean.connectionState == .connected(sessionPresent: false))
+        try await clean.publish(to: "queue/probe", payload: [], qos: .atLeastOnce)
+        let heard = try await within(10, "the clean subscriber hears its probe") {
+            for await message in cleanMessages where message.topic == "queue/probe" { return true }
+            return false
+        }
+        #expect(heard)
+
+        let stats = publisher.statistics
+        #expect(stats.queued == 0 && stats.acknowledged == 50 && stats.connections == 2)
+        // The publisher's states: connected, lost (retrying), connecting, connected.
+        var seen: [String] = []
+        for await state in publisherStates {
+            switch state {
+            case .connected: seen.append("connected")
+            case .waitingToReconnect: seen.append("waiting")
+            case .connecting: seen.append("connecting")
+            default: seen.append("\(state)")
+            }
+            if seen.count >= 2 && seen.last == "connected" { break }
+        }
+        #expect(seen.first == "connected" && seen.contains("waiting") && seen.last == "connected")
         await publisher.disconnect()
-        await subscriber.disconnect()
+        await persistent.disconnect()
+        await clean.disconnect()
+    }
+
+    /// Broker settings that keep sessions across a restart. Saved after every change: the harness's SIGTERM does
+    /// not reach the broker (children inherit the test runner's blocked signal mask), so it ends with SIGKILL and
+    /// never gets to save on exit.
+    static func persistence(_ directory: TemporaryDirectory) -> String {
+        """
+        persistence true
+        persistence_location \(directory.url.path)/
+        autosave_on_changes true
+        autosave_interval 1
+
+        """
     }
 
     @Test func inflightMessagesSurviveABrokenConnection() async throws {
@@ -175,12 +217,28 @@ import Testing
     }
 
     @Test func offlineQueueIsBoundedAndDropsOldestQoS0First() async throws {
+        // A subscriber with a persistent session is registered on a broker whose state survives a restart, so the
+        // order of what the publisher sends later can be checked no matter when each client (re)connects.
+        let state = try TemporaryDirectory(prefix: "blebridge-mqtt-db")
+        try FileManager.default.setAttributes([.posixPermissions: 0o777], ofItemAtPath: state.url.path)  // mosquitto user
         let port = try freeLoopbackPort()
+        let persistence = Self.persistence(state)
+        var subscriberSettings = MQTTConfiguration(
+            broker: MQTTBrokerURL(host: "127.0.0.1", port: port), clientID: "queue-subscriber", cleanSession: false)
+        subscriberSettings.reconnect = MQTTReconnectPolicy(initialDelay: .milliseconds(50))
+        do {
+            let first = try MosquittoBroker(extraConfig: persistence, port: port)
+            let subscriber = try await connectedClient(subscriberSettings)
+            try await subscriber.subscribe(to: "q/#", qos: .exactlyOnce)
+            await subscriber.disconnect()
+            first.stop()
+        }
+
         var settings = MQTTConfiguration(broker: MQTTBrokerURL(host: "127.0.0.1", port: port))
         settings.offlineQueueCapacity = 4
-        settings.reconnect = MQTTReconnectPolicy(initialDelay: .seconds(1), maximumDelay: .seconds(1))
+        settings.reconnect = MQTTReconnectPolicy(initialDelay: .milliseconds(50), maximumDelay: .milliseconds(100))
         let client = try MQTTClient(configuration: settings)
-        try client.start()  // nothing listens yet: everything queues
+        try client.start()  // nothing listens now: everything queues
         func send(_ name: String, _ qos: MQTTQoS) throws -> MQTTDelivery {
             try client.send(MQTTOutgoingMessage(topic: "q/\(name)", payload: Array(name.utf8), qos: qos))
         }
@@ -201,20 +259,20 @@ import Testing
         var stats = client.statistics
         #expect(stats.droppedQoS0 == 2 && stats.droppedQoS1Or2 == 1 && stats.queued == 4)
 
-        // The broker appears; a subscriber is in place before the client's next retry (1 s apart), and the
-        // survivors go out in order.
-        let broker = try MosquittoBroker(port: port)
-        let subscriber = try await connectedClient(configuration(broker))
-        let messages = subscriber.messages()
-        try await subscriber.subscribe(to: "q/#", qos: .exactlyOnce)
-        #expect(!client.connectionState.isConnected, "the client reconnected before the subscriber was ready")
+        // The broker comes back with the subscriber's session; the survivors go out in order.
+        let broker = try MosquittoBroker(extraConfig: persistence, port: port)
         for delivery in [c1, e1, f1, g2] { try await within(10, "ack") { try await delivery.acknowledged() } }
+        stats = client.statistics
+        #expect(stats.queued == 0 && stats.acknowledged == 4)
+        let subscriber = try MQTTClient(configuration: subscriberSettings)
+        let messages = subscriber.messages()
+        try await within(10, "subscriber reconnects") { try await subscriber.connect() }
+        #expect(subscriber.connectionState == .connected(sessionPresent: true))
         let received = try await messages.first(4)
         #expect(received.map(\.topic) == ["q/c1", "q/e1", "q/f1", "q/g2"])
         #expect(received.map(\.qos) == [.atLeastOnce, .atLeastOnce, .atLeastOnce, .exactlyOnce])
-        stats = client.statistics
-        #expect(stats.queued == 0 && stats.acknowledged == 4)
         await subscriber.disconnect()
         await client.disconnect()
+        _ = broker
     }
 }
