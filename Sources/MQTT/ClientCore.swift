@@ -111,6 +111,7 @@ struct CoreState {
     var connected = false
     var draining = false
     var attempt = 0
+    /// Why the broker refused or ended the connection (CONNACK or DISCONNECT reason), for the state stream.
     var refusal: MQTTError?
     var queue = OutgoingQueue()
     var inflight = 0
@@ -684,9 +685,9 @@ final class ClientCore: Sendable {
             Unmanaged<ClientCore>.fromOpaque(context).takeUnretainedValue()
                 .onConnect(rc: rc, flags: flags, properties: properties)
         }
-        mosquitto_disconnect_v5_callback_set(raw) { _, context, rc, _ in
+        mosquitto_disconnect_v5_callback_set(raw) { _, context, rc, properties in
             guard let context else { return }
-            Unmanaged<ClientCore>.fromOpaque(context).takeUnretainedValue().onDisconnect(rc: rc)
+            Unmanaged<ClientCore>.fromOpaque(context).takeUnretainedValue().onDisconnect(rc: rc, properties: properties)
         }
         mosquitto_publish_v5_callback_set(raw) { _, context, mid, reason, _ in
             guard let context else { return }
@@ -765,13 +766,25 @@ final class ClientCore: Sendable {
         drainIfNeeded()
     }
 
-    private func onDisconnect(rc: Int32) {
+    private func onDisconnect(rc: Int32, properties: OpaquePointer?) {
         // Subscriptions keep their `active` flag: the next CONNACK's session-present bit decides whether the
         // broker still has them. SUBACKs and UNSUBACKs of the lost connection will never come: the subscription set
         // is already recorded and is restored on reconnect, so those waits end now as if acknowledged.
         // Unacknowledged QoS 1/2 publishes stay: libmosquitto resends them after reconnecting.
         setLogging(true)
+        // Under MQTT 5 a broker DISCONNECT carries a reason code (0x80 and up); libmosquitto's own errors are small
+        // mosq_err_t values. (libmosquitto 2.0.11 passes NULL properties here, so the reason string shows only with
+        // later versions.)
+        var brokerReason: MQTTError?
+        if isV5 && rc >= 0x80 && rc <= 0xFF {
+            let code = MQTTReasonCode(rawValue: UInt8(rc))
+            var detail = "the broker disconnected us: \(code)"
+            if let reason = MosquittoProperties.string(properties, MQTT_PROP_REASON_STRING) { detail += " (\(reason))" }
+            brokerReason = MQTTError(
+                .disconnectedByBroker(code), operation: "connection to MQTT broker \(brokerName)", detail: detail)
+        }
         let (subscribes, unsubscribes) = state.withLock { state in
+            if let brokerReason { state.refusal = brokerReason }
             state.connected = false
             defer {
                 state.subscribeRequests = [:]

@@ -47,6 +47,9 @@ public struct MQTTError: Error, Sendable, Equatable, CustomStringConvertible {
         case connectionRefused(MQTTReasonCode)
         /// The broker answered a publish, subscribe or unsubscribe with a failure reason code (MQTT 5).
         case rejected(MQTTReasonCode)
+        /// The broker ended the connection with a DISCONNECT carrying this reason code (MQTT 5), e.g. session taken
+        /// over by another client with the same client ID.
+        case disconnectedByBroker(MQTTReasonCode)
         /// The message was dropped from the offline queue because the queue was full.
         case dropped
         /// The client was shut down before the operation finished.
@@ -74,7 +77,7 @@ public struct MQTTError: Error, Sendable, Equatable, CustomStringConvertible {
     /// The MQTT reason code, when the broker sent one.
     public var reasonCode: MQTTReasonCode? {
         switch code {
-        case .connectionRefused(let reason), .rejected(let reason): reason
+        case .connectionRefused(let reason), .rejected(let reason), .disconnectedByBroker(let reason): reason
         default: nil
         }
     }

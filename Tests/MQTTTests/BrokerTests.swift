@@ -177,6 +177,31 @@ import Testing
         """
     }
 
+    @Test func brokerDisconnectReasonReachesTheStateStream() async throws {
+        // mosquitto 2.0.11 closes connections without a DISCONNECT (takeover, shutdown), so a scripted peer plays
+        // an MQTT 5 broker that accepts us and then sends DISCONNECT "Session taken over" with a reason string.
+        let reasonString = Array("another client took client id twin".utf8)
+        var disconnect: [UInt8] = [0xE0, UInt8(1 + 1 + 3 + reasonString.count), 0x8E, UInt8(3 + reasonString.count)]
+        disconnect += [0x1F, 0x00, UInt8(reasonString.count)] + reasonString
+        let peer = try ScriptedPeer(replies: [[0x20, 0x03, 0x00, 0x00, 0x00], disconnect])
+        var settings = MQTTConfiguration(broker: MQTTBrokerURL(host: "127.0.0.1", port: peer.port), clientID: "twin")
+        settings.reconnect = MQTTReconnectPolicy(initialDelay: .seconds(30))
+        let client = try MQTTClient(configuration: settings)
+        let states = client.connectionStates()
+        try client.start()
+        let error = try await within(10, "the client is told why") { () -> MQTTError? in
+            for await state in states {
+                if case .waitingToReconnect(_, _, let error) = state { return error }
+            }
+            return nil
+        }
+        #expect(error?.code == .disconnectedByBroker(.sessionTakenOver))
+        // libmosquitto 2.0.11 does not pass the DISCONNECT's properties on (its callback gets NULL), so the
+        // reason string only shows with a later libmosquitto.
+        #expect(error?.detail.hasPrefix("the broker disconnected us: Session taken over (0x8E)") == true)
+        await client.disconnect()
+    }
+
     @Test func inflightMessagesSurviveABrokenConnection() async throws {
         let broker = try MosquittoBroker()
         let subscriber = try await connectedClient(configuration(broker))

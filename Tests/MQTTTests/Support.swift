@@ -79,3 +79,47 @@ func run(_ program: String, _ arguments: [String]) throws -> String {
     }
     return result.stdout
 }
+
+/// A TCP peer on a free loopback port that accepts one connection, reads once, writes its scripted replies and
+/// keeps the socket open until it is deinitialised. For broker behaviour mosquitto does not show.
+final class ScriptedPeer: @unchecked Sendable {
+    let port: UInt16
+    private let listener: Int32
+    private let lock = NSLock()
+    private var connection: Int32 = -1
+
+    init(replies: [[UInt8]]) throws {
+        port = try freeLoopbackPort()
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        self.listener = listener
+        var reuse: Int32 = 1
+        setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &reuse, socklen_t(MemoryLayout<Int32>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = port.bigEndian
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        guard bound == 0, listen(listener, 1) == 0 else { throw HarnessError("scripted peer: bind/listen failed") }
+        Thread.detachNewThread { [self] in
+            let fd = accept(listener, nil, nil)
+            guard fd >= 0 else { return }
+            lock.withLock { connection = fd }
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            _ = read(fd, &buffer, buffer.count)
+            for reply in replies {
+                _ = reply.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+                usleep(50_000)
+            }
+        }
+    }
+
+    deinit {
+        shutdown(listener, Int32(SHUT_RDWR))
+        close(listener)
+        lock.withLock { if connection >= 0 { close(connection) } }
+    }
+}
