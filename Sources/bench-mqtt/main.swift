@@ -6,6 +6,9 @@
 //       (first send to last receipt) and the process CPU time per message (getrusage: both clients together).
 //   bench-mqtt will-child --port P --topic T
 //       Test helper: connects with a last will on T, prints "connected" and waits to be killed.
+//   bench-mqtt echo --port P
+//       Test helper (MQTT 5 interop): answers each message on echo/request on its response topic, with the same
+//       payload, correlation data and content type, the user properties plus ("echoed-by", "blebridge").
 import MQTT
 
 #if canImport(Glibc)
@@ -54,6 +57,28 @@ if CommandLine.arguments.dropFirst().first == "will-child" {
         try await client.connect()
         _ = "connected\n".withCString { write(1, $0, strlen($0)) }
         while true { try await Task.sleep(for: .seconds(3600)) }
+    } catch {
+        fail("\(error)")
+    }
+}
+
+if CommandLine.arguments.dropFirst().first == "echo" {
+    do {
+        let client = try MQTTClient(configuration: MQTTConfiguration(broker: broker, protocolVersion: .v5))
+        try await client.connect()
+        let requests = client.messages()
+        try await client.subscribe(to: "echo/request", qos: .atLeastOnce)
+        _ = "ready\n".withCString { write(1, $0, strlen($0)) }
+        for await request in requests {
+            guard let responseTopic = request.properties.responseTopic else { continue }
+            var properties = MQTTPublishProperties(
+                contentType: request.properties.contentType, correlationData: request.properties.correlationData,
+                userProperties: request.properties.userProperties)
+            properties.userProperties.append(MQTTUserProperty("echoed-by", "blebridge"))
+            try await client.publish(
+                to: responseTopic, payload: request.payload, qos: .atLeastOnce, properties: properties)
+        }
+        exit(0)
     } catch {
         fail("\(error)")
     }
