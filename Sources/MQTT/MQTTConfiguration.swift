@@ -73,6 +73,7 @@ public struct MQTTBrokerURL: Sendable, Hashable, CustomStringConvertible {
         self.init(host: String(host), port: port, usesTLS: tls)
     }
 
+    /// The URL with its port, e.g. `mqtt://broker.lan:1883`.
     public var description: String {
         let shownHost = host.contains(":") ? "[\(host)]" : host
         return "\(usesTLS ? "mqtts" : "mqtt")://\(shownHost):\(port)"

@@ -5,21 +5,36 @@
 ///
 /// Open-ended like the broker's vocabulary: any byte is representable; the common ones have Swift names.
 public struct MQTTReasonCode: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+    /// The code byte as sent on the wire.
     public let rawValue: UInt8
+    /// Wraps a code byte.
     public init(rawValue: UInt8) { self.rawValue = rawValue }
 
+    /// 0x00: success (also "granted QoS 0" and "normal disconnection").
     public static let success = MQTTReasonCode(rawValue: 0x00)
+    /// 0x10: accepted, but nobody subscribes to the topic (a success).
     public static let noMatchingSubscribers = MQTTReasonCode(rawValue: 0x10)
+    /// 0x80: the broker did not say why.
     public static let unspecifiedError = MQTTReasonCode(rawValue: 0x80)
+    /// 0x83: refused for a broker-specific reason.
     public static let implementationSpecificError = MQTTReasonCode(rawValue: 0x83)
+    /// 0x85: the client identifier is not acceptable.
     public static let clientIdentifierNotValid = MQTTReasonCode(rawValue: 0x85)
+    /// 0x86: wrong user name or password.
     public static let badUserNameOrPassword = MQTTReasonCode(rawValue: 0x86)
+    /// 0x87: not allowed (credentials or ACL).
     public static let notAuthorized = MQTTReasonCode(rawValue: 0x87)
+    /// 0x8B: the broker is shutting down.
     public static let serverShuttingDown = MQTTReasonCode(rawValue: 0x8B)
+    /// 0x8E: another connection with the same client identifier took the session over.
     public static let sessionTakenOver = MQTTReasonCode(rawValue: 0x8E)
+    /// 0x8F: the broker does not accept this topic filter.
     public static let topicFilterInvalid = MQTTReasonCode(rawValue: 0x8F)
+    /// 0x90: the broker does not accept this topic name.
     public static let topicNameInvalid = MQTTReasonCode(rawValue: 0x90)
+    /// 0x95: the packet exceeds the broker's maximum packet size.
     public static let packetTooLarge = MQTTReasonCode(rawValue: 0x95)
+    /// 0x97: a broker quota was exceeded.
     public static let quotaExceeded = MQTTReasonCode(rawValue: 0x97)
 
     /// True for codes below 0x80, which MQTT 5 defines as success.
@@ -72,6 +87,7 @@ public struct MQTTError: Error, Sendable, Equatable, CustomStringConvertible {
         self.detail = detail
     }
 
+    /// `operation: detail`, ready for a log line.
     public var description: String { "\(operation): \(detail)" }
 
     /// The MQTT reason code, when the broker sent one.

@@ -9,6 +9,7 @@ public enum MQTTQoS: Int, Sendable, Hashable, Comparable, CaseIterable {
     /// Acknowledged in a four-way handshake, delivered once (QoS 2).
     case exactlyOnce = 2
 
+    /// Orders by guarantee: at most once < at least once < exactly once.
     public static func < (lhs: MQTTQoS, rhs: MQTTQoS) -> Bool { lhs.rawValue < rhs.rawValue }
 }
 

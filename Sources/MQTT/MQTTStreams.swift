@@ -5,6 +5,7 @@
 /// Each stream has its own buffer (`MQTTConfiguration.receiveBufferCapacity`); when a reader falls behind, new
 /// messages are dropped for that stream and counted. The stream ends when the client shuts down.
 public struct MQTTMessageStream: AsyncSequence, Sendable {
+    /// The element type.
     public typealias Element = MQTTMessage
 
     let base: AsyncStream<MQTTMessage>
@@ -24,6 +25,7 @@ public struct MQTTMessageStream: AsyncSequence, Sendable {
             return nil
         }
 
+        /// The next element, on the caller's actor.
         public mutating func next(isolation actor: isolated (any Actor)?) async -> MQTTMessage? {
             while let message = await base.next(isolation: actor) {
                 if let filter, !MQTTTopic.matches(filter: filter, topic: message.topic) { continue }
@@ -33,6 +35,7 @@ public struct MQTTMessageStream: AsyncSequence, Sendable {
         }
     }
 
+    /// Makes the iterator.
     public func makeAsyncIterator() -> AsyncIterator {
         AsyncIterator(base: base.makeAsyncIterator(), filter: filter)
     }
@@ -51,6 +54,7 @@ public enum MQTTConnectionState: Sendable, Equatable, CustomStringConvertible {
     /// Shut down for good.
     case stopped
 
+    /// A log-friendly text.
     public var description: String {
         switch self {
         case .idle: "idle"
@@ -71,6 +75,7 @@ public enum MQTTConnectionState: Sendable, Equatable, CustomStringConvertible {
 
 /// The client's connection states: the current state first, then every change. Ends after `.stopped`.
 public struct MQTTConnectionStateStream: AsyncSequence, Sendable {
+    /// The element type.
     public typealias Element = MQTTConnectionState
 
     let base: AsyncStream<MQTTConnectionState>
@@ -82,10 +87,12 @@ public struct MQTTConnectionStateStream: AsyncSequence, Sendable {
         /// The next state, or nil after `.stopped`.
         public mutating func next() async -> MQTTConnectionState? { await base.next() }
 
+        /// The next element, on the caller's actor.
         public mutating func next(isolation actor: isolated (any Actor)?) async -> MQTTConnectionState? {
             await base.next(isolation: actor)
         }
     }
 
+    /// Makes the iterator.
     public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(base: base.makeAsyncIterator()) }
 }

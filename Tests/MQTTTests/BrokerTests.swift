@@ -245,7 +245,8 @@ import Testing
         // A subscriber with a persistent session is registered on a broker whose state survives a restart, so the
         // order of what the publisher sends later can be checked no matter when each client (re)connects.
         let state = try TemporaryDirectory(prefix: "blebridge-mqtt-db")
-        try FileManager.default.setAttributes([.posixPermissions: 0o777], ofItemAtPath: state.url.path)  // mosquitto user
+        // Writable for the `mosquitto` user the broker drops to when started as root.
+        try FileManager.default.setAttributes([.posixPermissions: 0o777], ofItemAtPath: state.url.path)
         let port = try freeLoopbackPort()
         let persistence = Self.persistence(state)
         var subscriberSettings = MQTTConfiguration(
