@@ -343,13 +343,16 @@ final class ClientCore: Sendable {
             let nanoseconds = delay.components.seconds * 1_000_000_000 + delay.components.attoseconds / 1_000_000_000
             _ = wakeup.wait(timeout: .now() + .nanoseconds(Int(nanoseconds)))
         }
-        // Let a DISCONNECT queued by requestStop() go out (bounded, in case the broker stopped answering).
-        var flushes = 0
-        while mosquitto_want_write(raw) && flushes < 20 {
-            if mosquitto_loop(raw, 100, 1) != Mosquitto.success { break }
-            flushes += 1
+        // Queue a DISCONNECT (requestStop's may have come before the connection existed) and let it go out; the
+        // library closes the socket once it is written. Bounded, in case the broker stopped reading. Without it the
+        // broker would see an unclean close and publish the will.
+        if mosquitto_disconnect(raw) == Mosquitto.success || mosquitto_socket(raw) >= 0 {
+            var flushes = 0
+            while mosquitto_socket(raw) >= 0 && flushes < 20 {
+                if mosquitto_loop(raw, 100, 1) != Mosquitto.success { break }
+                flushes += 1
+            }
         }
-        _ = mosquitto_disconnect(raw)
         finishEverything()
     }
 

@@ -36,6 +36,28 @@ final class Completion<Value: Sendable>: Sendable {
         }
     }
 
+    /// Waits for the result, ignoring cancellation of the waiting task.
+    func valueIgnoringCancellation() async -> Result<Value, MQTTError> {
+        let id: UInt64 = state.withLock { state in
+            guard case .pending(let waiters, let nextID) = state else { return 0 }
+            state = .pending(waiters: waiters, nextID: nextID + 1)
+            return nextID
+        }
+        return await withCheckedContinuation { (continuation: Waiter) in
+            let immediate: Result<Value, MQTTError>? = state.withLock { state in
+                switch state {
+                case .done(let result):
+                    return result
+                case .pending(var waiters, let nextID):
+                    waiters[id] = continuation
+                    state = .pending(waiters: waiters, nextID: nextID)
+                    return nil
+                }
+            }
+            if let immediate { continuation.resume(returning: immediate) }
+        }
+    }
+
     /// Waits for the result. Cancelling the waiting task ends this wait with `.cancelled`.
     func value(operation: @autoclosure () -> String) async throws(MQTTError) -> Value {
         let id: UInt64 = state.withLock { state in

@@ -57,12 +57,25 @@ public final class MQTTClient: Sendable {
         }
     }
 
+    /// Runs the client for the life of the calling task: starts it (see `start()`), then waits; when the task is
+    /// cancelled it disconnects cleanly and returns once the connection is closed.
+    ///
+    /// - Throws: `MQTTError` from `start()`.
+    public func run() async throws(MQTTError) {
+        try core.start()
+        await withTaskCancellationHandler {
+            _ = await core.finished.valueIgnoringCancellation()
+        } onCancel: {
+            core.requestStop()
+        }
+    }
+
     /// Disconnects cleanly (the broker does not publish the will) and stops reconnecting. Messages already handed to
     /// libmosquitto are written before the DISCONNECT; queued ones and unacknowledged waits fail with `.shutDown`.
-    /// Returns when the loop thread has ended.
+    /// Returns when the loop thread has ended (within about 2 s even if the broker stopped answering).
     public func disconnect() async {
         core.requestStop()
-        _ = try? await core.finished.value(operation: "disconnect")
+        _ = await core.finished.valueIgnoringCancellation()
     }
 
     /// The current connection state.

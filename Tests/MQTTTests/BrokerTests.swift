@@ -100,6 +100,26 @@ import Testing
         await watcher.disconnect()
     }
 
+    @Test func runUntilCancelledThenDisconnectsCleanly() async throws {
+        let broker = try MosquittoBroker()
+        let watcher = try await connectedClient(configuration(broker))
+        let messages = watcher.messages()
+        try await watcher.subscribe(to: "run/#")
+        var settings = configuration(broker)
+        settings.will = MQTTWill(topic: "run/will", payload: Array("unclean".utf8))
+        let client = try MQTTClient(configuration: settings)
+        let running = Task { try await client.run() }
+        try await client.waitForState("running client connects") { $0.isConnected }
+        try await client.publish(to: "run/hello", payload: [1], qos: .atLeastOnce)
+        running.cancel()
+        try await within(5, "run() returns after cancellation") { try await running.value }
+        #expect(client.connectionState == .stopped)
+        // No will: the marker published afterwards is the next message after hello.
+        try await watcher.publish(to: "run/marker", payload: [], qos: .atLeastOnce)
+        #expect(try await messages.first(2).map(\.topic) == ["run/hello", "run/marker"])
+        await watcher.disconnect()
+    }
+
     @Test func reconnectsResubscribesAndDrainsTheQueueInOrder() async throws {
         // The broker keeps persistent sessions across its restart (saved after every change), so a second, persistent
         // subscriber sees every queued message whichever client comes back first; the first subscriber has a clean
