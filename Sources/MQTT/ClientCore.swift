@@ -120,6 +120,8 @@ struct CoreState {
     var ignoredAcks: Set<Int32> = []
     var subscriptions: [String: Subscription] = [:]
     var subscriptionOrder: [String] = []
+    /// Filters removed while disconnected: a resumed session still has them, so they are unsubscribed on connect.
+    var pendingUnsubscribes: [String] = []
     var subscribeRequests: [Int32: SubscribeRequest] = [:]
     var earlySubacks: [Int32: Int32] = [:]
     var unsubscribeWaiters: [Int32: Completion<Void>] = [:]
@@ -606,6 +608,7 @@ final class ClientCore: Sendable {
         let operation = "subscribe to \(filter)"
         try MQTTTopic.validateFilter(filter)
         let (running, connected) = state.withLock { state in
+            state.pendingUnsubscribes.removeAll { $0 == filter }
             if state.subscriptions[filter] == nil { state.subscriptionOrder.append(filter) }
             state.subscriptions[filter] = CoreState.Subscription(qos: qos, active: false)
             return (state.lifecycle == .idle || state.lifecycle == .running, state.connected)
@@ -662,6 +665,9 @@ final class ClientCore: Sendable {
         let connected = state.withLock { state in
             state.subscriptions[filter] = nil
             state.subscriptionOrder.removeAll { $0 == filter }
+            if !state.connected && !state.pendingUnsubscribes.contains(filter) {
+                state.pendingUnsubscribes.append(filter)
+            }
             return state.connected
         }
         guard connected else { return }
@@ -748,7 +754,8 @@ final class ClientCore: Sendable {
         }
         maximumPacketSize.store(maximum, ordering: .relaxed)
         setLogging(false)
-        let resubscribe = state.withLock { state -> [(String, MQTTQoS)] in
+        let (resubscribe, unsubscribe) = state.withLock { state -> ([(String, MQTTQoS)], [String]) in
+            defer { state.pendingUnsubscribes = [] }
             state.connected = true
             state.attempt = 0
             state.ignoredAcks.removeAll()
@@ -759,9 +766,15 @@ final class ClientCore: Sendable {
                 guard let subscription = state.subscriptions[filter] else { continue }
                 if !sessionPresent || !subscription.active { list.append((filter, subscription.qos)) }
             }
-            return list
+            return (list, sessionPresent ? state.pendingUnsubscribes : [])
         }
         states.yield(.connected(sessionPresent: sessionPresent))
+        for filter in unsubscribe {
+            var mid: Int32 = 0
+            if mosquitto_unsubscribe_v5(handle.raw, &mid, filter, nil) == Mosquitto.success {
+                state.withLock { $0.unsubscribeWaiters[mid] = Completion<Void>() }  // nobody waits; keeps acks paired
+            }
+        }
         for (filter, qos) in resubscribe {
             _ = sendSubscribe(filter: filter, qos: qos, completion: nil)
         }
