@@ -269,6 +269,9 @@ public struct MQTTConfiguration: Sendable {
         guard sessionExpiry >= .zero, sessionExpiry <= .seconds(Int64(UInt32.max)) else {
             throw fail("sessionExpiry", "must be between 0 and \(UInt32.max) s")
         }
+        guard reconnect.initialDelay >= .zero, reconnect.maximumDelay <= .seconds(86_400) else {
+            throw fail("reconnect", "delays must be between 0 and 1 day")
+        }
         guard offlineQueueCapacity >= 1 else { throw fail("offlineQueueCapacity", "must be at least 1") }
         guard (1...32_768).contains(maxInflightMessages) else {
             throw fail("maxInflightMessages", "must be between 1 and 32768")

@@ -123,6 +123,10 @@ import Testing
             (MQTTConfiguration(broker: broker, clientID: ""), "clientID"),
             (MQTTConfiguration(broker: broker, keepAlive: .seconds(1)), "keepAlive"),
             (MQTTConfiguration(broker: broker, offlineQueueCapacity: 0), "offlineQueueCapacity"),
+            (
+                MQTTConfiguration(broker: broker, reconnect: MQTTReconnectPolicy(maximumDelay: .seconds(Int64.max))),
+                "reconnect"
+            ),
             (MQTTConfiguration(broker: broker, maxInflightMessages: 0), "maxInflightMessages"),
             (MQTTConfiguration(broker: broker, tls: MQTTTLSConfiguration(caFile: "/x")), "tls"),
             (
