@@ -126,6 +126,36 @@ import Testing
         await client.disconnect()
     }
 
+    @Test func mqtt5PersistentSessionSurvivesRepeatedConnectionLoss() async throws {
+        // The session expiry goes with every CONNECT, reconnects included: were it missing (0) on the first
+        // reconnect, the broker would end the session at the second loss and report it absent.
+        let broker = try MosquittoBroker()
+        var settings = configuration(broker, clientID: "persistent-v5")
+        settings.cleanSession = false
+        settings.sessionExpiry = .seconds(600)
+        let client = try await connectedClient(settings)
+        let messages = client.messages()
+        try await client.subscribe(to: "session/#", qos: .atLeastOnce)
+        for round in 1...2 {
+            let states = client.connectionStates()
+            client.core.breakConnectionForTesting()
+            let resumed = try await within(10, "reconnect \(round)") { () -> Bool? in
+                var lost = false
+                for await state in states {
+                    if case .waitingToReconnect = state { lost = true }
+                    if lost, case .connected(let sessionPresent) = state { return sessionPresent }
+                }
+                return nil
+            }
+            #expect(resumed == true, "round \(round)")
+        }
+        let publisher = try await connectedClient(configuration(broker))
+        try await publisher.publish(to: "session/x", payload: [1], qos: .atLeastOnce)
+        #expect(try await messages.first(1).map(\.topic) == ["session/x"])
+        await publisher.disconnect()
+        await client.disconnect()
+    }
+
     @Test func runUntilCancelledThenDisconnectsCleanly() async throws {
         let broker = try MosquittoBroker()
         let watcher = try await connectedClient(configuration(broker))
