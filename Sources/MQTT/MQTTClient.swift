@@ -81,10 +81,12 @@ public final class MQTTClient: Sendable {
     /// The current connection state.
     public var connectionState: MQTTConnectionState { core.state.withLock { $0.connection } }
 
-    /// The connection states: the current one first, then each change, ending after `.stopped`.
+    /// The connection states: the current one first, then each change, ending after `.stopped`. A reader that falls
+    /// more than 64 states behind loses the oldest ones (a stream nobody reads does not grow without bound).
     public func connectionStates() -> MQTTConnectionStateStream {
         let current = connectionState
-        return MQTTConnectionStateStream(base: core.states.makeStream(bufferingPolicy: .unbounded, initial: current))
+        return MQTTConnectionStateStream(
+            base: core.states.makeStream(bufferingPolicy: .bufferingNewest(64), initial: current))
     }
 
     /// Counters since the client was created.
