@@ -1,1 +1,157 @@
-print("not built yet")
+// bench-mqtt: publish throughput of the MQTT target against a local broker (bench/mqtt.sh starts one).
+//
+//   bench-mqtt --port P [--count N] [--payload BYTES] [--qos 0,1] [--inflight WINDOW]
+//       For each QoS: a subscriber client and a publisher client (both in this process) on one topic; the publisher
+//       sends N messages as fast as the client takes them, the subscriber counts them. Prints messages per second
+//       (first send to last receipt) and the process CPU time per message (getrusage: both clients together).
+//   bench-mqtt will-child --port P --topic T
+//       Test helper: connects with a last will on T, prints "connected" and waits to be killed.
+//   bench-mqtt echo --port P
+//       Test helper (MQTT 5 interop): answers each message on echo/request on its response topic, with the same
+//       payload, correlation data and content type, the user properties plus ("echoed-by", "blebridge").
+import MQTT
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#endif
+
+func argument(_ name: String, default value: String) -> String {
+    let arguments = CommandLine.arguments
+    guard let index = arguments.firstIndex(of: name), index + 1 < arguments.count else { return value }
+    return arguments[index + 1]
+}
+
+func fail(_ message: String) -> Never {
+    let line = "bench-mqtt: \(message)\n"
+    _ = line.withCString { write(2, $0, strlen($0)) }
+    exit(1)
+}
+
+func cpuSeconds() -> Double {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    return Double(usage.ru_utime.tv_sec) + Double(usage.ru_utime.tv_usec) / 1e6 + Double(usage.ru_stime.tv_sec)
+        + Double(usage.ru_stime.tv_usec) / 1e6
+}
+
+func format(_ value: Double, _ digits: Int) -> String {
+    var text = String(Int((value * pow(10, Double(digits))).rounded()))
+    guard digits > 0 else { return text }
+    while text.count <= digits { text = "0" + text }
+    text.insert(".", at: text.index(text.endIndex, offsetBy: -digits))
+    return text
+}
+
+guard let port = UInt16(argument("--port", default: "")) else { fail("--port is required") }
+let broker = MQTTBrokerURL(host: "127.0.0.1", port: port)
+
+if CommandLine.arguments.dropFirst().first == "will-child" {
+    let topic = argument("--topic", default: "will/child")
+    let configuration = MQTTConfiguration(
+        broker: broker, clientID: "will-child-\(getpid())", protocolVersion: .v5, keepAlive: .seconds(5),
+        will: MQTTWill(topic: topic, payload: Array("child \(getpid()) died".utf8), qos: .atLeastOnce))
+    do {
+        let client = try MQTTClient(configuration: configuration)
+        try await client.connect()
+        _ = "connected\n".withCString { write(1, $0, strlen($0)) }
+        while true { try await Task.sleep(for: .seconds(3600)) }
+    } catch {
+        fail("\(error)")
+    }
+}
+
+if CommandLine.arguments.dropFirst().first == "echo" {
+    do {
+        let client = try MQTTClient(configuration: MQTTConfiguration(broker: broker, protocolVersion: .v5))
+        try await client.connect()
+        let requests = client.messages()
+        try await client.subscribe(to: "echo/request", qos: .atLeastOnce)
+        _ = "ready\n".withCString { write(1, $0, strlen($0)) }
+        for await request in requests {
+            guard let responseTopic = request.properties.responseTopic else { continue }
+            var properties = MQTTPublishProperties(
+                contentType: request.properties.contentType, correlationData: request.properties.correlationData,
+                userProperties: request.properties.userProperties)
+            properties.userProperties.append(MQTTUserProperty("echoed-by", "blebridge"))
+            try await client.publish(
+                to: responseTopic, payload: request.payload, qos: .atLeastOnce, properties: properties)
+        }
+        exit(0)
+    } catch {
+        fail("\(error)")
+    }
+}
+
+let count = Int(argument("--count", default: "200000")) ?? 200_000
+let payloadSize = Int(argument("--payload", default: "100")) ?? 100
+let inflight = Int(argument("--inflight", default: "100")) ?? 100
+let levels = argument("--qos", default: "0,1").split(separator: ",").compactMap { Int($0) }.compactMap(MQTTQoS.init)
+
+func run(qos: MQTTQoS) async throws {
+    let topic = "bench/qos\(qos.rawValue)"
+    func configuration(_ name: String) -> MQTTConfiguration {
+        MQTTConfiguration(
+            broker: broker, clientID: "bench-\(name)-\(getpid())", protocolVersion: .v5,
+            offlineQueueCapacity: count, maxInflightMessages: inflight, receiveBufferCapacity: count)
+    }
+    let subscriber = try MQTTClient(configuration: configuration("sub\(qos.rawValue)"))
+    let publisher = try MQTTClient(configuration: configuration("pub\(qos.rawValue)"))
+    try await subscriber.connect()
+    try await publisher.connect()
+    let messages = subscriber.messages()
+    try await subscriber.subscribe(to: topic, qos: qos)
+
+    let payload = [UInt8](repeating: 0x5A, count: payloadSize)
+    let message = MQTTOutgoingMessage(topic: topic, payload: payload, qos: qos)
+    let clock = ContinuousClock()
+    let cpuBefore = cpuSeconds()
+    let start = clock.now
+    let receiver = Task {
+        var received = 0
+        for await _ in messages {
+            received += 1
+            if received == count { break }
+        }
+        return (received, clock.now)
+    }
+    var deliveries: [MQTTDelivery] = []
+    deliveries.reserveCapacity(qos == .atMostOnce ? 0 : count)
+    for _ in 0..<count {
+        let delivery = try publisher.send(message)
+        if qos != .atMostOnce { deliveries.append(delivery) }
+    }
+    let sent = clock.now
+    for delivery in deliveries { try await delivery.acknowledged() }
+    let acknowledged = clock.now
+
+    let timeout = Task {
+        try await Task.sleep(for: .seconds(60))
+        await subscriber.disconnect()
+    }
+    let (received, lastReceipt) = await receiver.value
+    timeout.cancel()
+    let cpu = cpuSeconds() - cpuBefore
+    let elapsed = lastReceipt - start
+    let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+    let sendSeconds = (sent - start) / .seconds(1)
+    let ackSeconds = (acknowledged - start) / .seconds(1)
+    let stats = publisher.statistics
+    print(
+        "QoS \(qos.rawValue): \(count) x \(payloadSize) B: \(format(Double(received) / seconds, 0)) msgs/s "
+            + "(received \(received)/\(count) in \(format(seconds, 3)) s; send loop \(format(sendSeconds, 3)) s"
+            + (qos == .atMostOnce ? "" : "; all acknowledged at \(format(ackSeconds, 3)) s")
+            + "); client CPU \(format(cpu / Double(count) * 1e6, 2)) us/msg (publisher + subscriber, "
+            + "process total \(format(cpu, 2)) s); dropped \(stats.droppedQoS0 + stats.droppedQoS1Or2), "
+            + "receive dropped \(subscriber.statistics.receiveDropped)")
+    await publisher.disconnect()
+    await subscriber.disconnect()
+    if received != count { fail("subscriber received \(received) of \(count)") }
+}
+
+do {
+    for qos in levels { try await run(qos: qos) }
+} catch {
+    fail("\(error)")
+}

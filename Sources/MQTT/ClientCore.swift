@@ -1,0 +1,872 @@
+// The client's engine: the state machine behind a Mutex, the loop thread, and the C callbacks. libmosquitto's
+// callbacks reach it through the userdata pointer (unretained: the loop thread holds a strong reference for as long
+// as callbacks can run, and the handle is destroyed with the core).
+//
+// Ordering and the offline queue are ours: a publish goes to libmosquitto only while connected, with nothing queued
+// ahead of it, and (for QoS 1/2) while fewer than `maxInflightMessages` await their acknowledgement. Everything else
+// waits in `OutgoingQueue`, which drains in order from the loop thread when the connection comes up or the window
+// opens. libmosquitto's own offline queueing is never used, so the bound and the drop policy are ours.
+import CMosquitto
+import Dispatch
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#endif
+
+/// A publish waiting in the offline queue.
+struct QueuedPublish: Sendable {
+    let message: MQTTOutgoingMessage
+    let completion: Completion<Void>
+}
+
+/// A FIFO with cheap removal of the oldest QoS 0 element (slots are nil'ed, the head skips them).
+struct OutgoingQueue {
+    private var slots: [QueuedPublish?] = []
+    private var head = 0
+    private(set) var count = 0
+
+    var isEmpty: Bool { count == 0 }
+
+    mutating func append(_ item: QueuedPublish) {
+        slots.append(item)
+        count += 1
+    }
+
+    /// The oldest element.
+    mutating func peek() -> QueuedPublish? {
+        while head < slots.count, slots[head] == nil { head += 1 }
+        return head < slots.count ? slots[head] : nil
+    }
+
+    mutating func removeFirst() -> QueuedPublish? {
+        guard let item = peek() else { return nil }
+        slots[head] = nil
+        head += 1
+        count -= 1
+        compact()
+        return item
+    }
+
+    /// Removes the oldest QoS 0 element, if any.
+    mutating func removeOldestQoS0() -> QueuedPublish? {
+        var index = head
+        while index < slots.count {
+            if let item = slots[index], item.message.qos == .atMostOnce {
+                slots[index] = nil
+                count -= 1
+                return item
+            }
+            index += 1
+        }
+        return nil
+    }
+
+    /// Puts `items` back at the front, in their order.
+    mutating func prepend(_ items: [QueuedPublish]) {
+        guard !items.isEmpty else { return }
+        slots = items.map { Optional($0) } + slots[head...].filter { $0 != nil }
+        head = 0
+        count = slots.count
+    }
+
+    mutating func removeAll() -> [QueuedPublish] {
+        let items = slots[head...].compactMap { $0 }
+        slots = []
+        head = 0
+        count = 0
+        return items
+    }
+
+    private mutating func compact() {
+        if head > 4096 && head * 2 > slots.count {
+            slots.removeFirst(head)
+            head = 0
+        }
+    }
+}
+
+/// What the core knows, guarded by one Mutex. Transitions return what to do; C calls happen outside the lock.
+struct CoreState {
+    enum Lifecycle { case idle, running, stopping, stopped }
+    struct Subscription {
+        var qos: MQTTQoS
+        /// Confirmed by a SUBACK on the current (or resumed) session.
+        var active: Bool
+    }
+    struct PendingAck {
+        let completion: Completion<Void>
+        let topic: String
+    }
+    struct SubscribeRequest {
+        let filter: String
+        let qos: MQTTQoS
+        let completion: Completion<MQTTQoS>?
+    }
+
+    var lifecycle = Lifecycle.idle
+    var connection = MQTTConnectionState.idle
+    var connected = false
+    var draining = false
+    var attempt = 0
+    /// Why the broker refused or ended the connection (CONNACK or DISCONNECT reason), for the state stream.
+    var refusal: MQTTError?
+    var queue = OutgoingQueue()
+    var inflight = 0
+    var publishWaiters: [Int32: PendingAck] = [:]
+    var earlyAcks: [Int32: Int32] = [:]
+    var ignoredAcks: Set<Int32> = []
+    var subscriptions: [String: Subscription] = [:]
+    var subscriptionOrder: [String] = []
+    /// Filters removed while disconnected: a resumed session still has them, so they are unsubscribed on connect.
+    var pendingUnsubscribes: [String] = []
+    var subscribeRequests: [Int32: SubscribeRequest] = [:]
+    var earlySubacks: [Int32: Int32] = [:]
+    var unsubscribeWaiters: [Int32: Completion<Void>] = [:]
+    var earlyUnsubacks: Set<Int32> = []
+    var statistics = MQTTClientStatistics()
+}
+
+final class ClientCore: Sendable {
+    let configuration: MQTTConfiguration
+    let handle: MosquittoHandle
+    let state = Mutex(CoreState())
+    let incoming = Broadcast<MQTTMessage>()
+    let states = Broadcast<MQTTConnectionState>()
+    /// Completed by the first connection attempt's outcome (for `MQTTClient.connect()`).
+    let firstOutcome = Completion<Void>()
+    /// Completed when the loop thread has finished.
+    let finished = Completion<Void>()
+    let stopRequested = Atomic<Bool>(false)
+    /// The broker's maximum packet size from the last CONNACK (MQTT 5), 0 when it set none.
+    let maximumPacketSize = Atomic<UInt32>(0)
+    let received = Atomic<Int>(0)
+    let receiveDropped = Atomic<Int>(0)
+    /// The last warning or error libmosquitto logged (TLS failures explain themselves only there).
+    let lastLog = Mutex<String?>(nil)
+    private let wakeup = DispatchSemaphore(value: 0)
+    private let window: Int
+    private let isV5: Bool
+
+    init(configuration: MQTTConfiguration) throws(MQTTError) {
+        try configuration.validate()
+        self.configuration = configuration
+        handle = try MosquittoHandle(clientID: configuration.clientID, cleanSession: configuration.cleanSession)
+        window = configuration.maxInflightMessages
+        isV5 = configuration.protocolVersion == .v5
+        mosquitto_user_data_set(handle.raw, Unmanaged.passUnretained(self).toOpaque())
+        installCallbacks()
+    }
+
+    private var brokerName: String { configuration.broker.description }
+
+    // MARK: Start and stop
+
+    /// Applies the settings to the handle and starts the loop thread.
+    func start() throws(MQTTError) {
+        let canStart = state.withLock { state in
+            guard state.lifecycle == .idle else { return false }
+            state.lifecycle = .running
+            return true
+        }
+        guard canStart else {
+            throw MQTTError(
+                .invalidConfiguration, operation: "start MQTT client for \(brokerName)",
+                detail: "the client was already started (a client runs once; make a new one)")
+        }
+        do {
+            let connectProperties = try configureHandle()
+            try startThread { [self] in self.runLoop(connectProperties: connectProperties) }
+        } catch {
+            state.withLock { $0.lifecycle = .stopped }
+            finishEverything()
+            throw error
+        }
+    }
+
+    /// Asks the loop thread to disconnect cleanly and end; safe to call from any thread, more than once.
+    func requestStop() {
+        let wasRunning = state.withLock { state -> Bool in
+            switch state.lifecycle {
+            case .idle:
+                state.lifecycle = .stopped
+                return false
+            case .running:
+                state.lifecycle = .stopping
+                return true
+            case .stopping, .stopped:
+                return false
+            }
+        }
+        stopRequested.store(true, ordering: .sequentiallyConsistent)
+        if wasRunning {
+            // Wakes the loop (DISCONNECT goes out after anything already handed to libmosquitto) or the backoff.
+            _ = mosquitto_disconnect(handle.raw)
+            wakeup.signal()
+        } else if state.withLock({ $0.lifecycle == .stopped }) && finished.result == nil {
+            finishEverything()
+        }
+    }
+
+    private var stopping: Bool { stopRequested.load(ordering: .relaxed) }
+
+    private func configureHandle() throws(MQTTError) -> MosquittoProperties {
+        let raw = handle.raw
+        let config = configuration
+        let operation = "configure MQTT client for \(brokerName)"
+        let version = config.protocolVersion == .v5 ? MQTT_PROTOCOL_V5 : MQTT_PROTOCOL_V311
+        try Mosquitto.check(mosquitto_int_option(raw, MOSQ_OPT_PROTOCOL_VERSION, version), operation)
+        let window = Int32(config.maxInflightMessages)
+        try Mosquitto.check(mosquitto_int_option(raw, MOSQ_OPT_SEND_MAXIMUM, window), operation)
+        try Mosquitto.check(mosquitto_int_option(raw, MOSQ_OPT_RECEIVE_MAXIMUM, window), operation)
+        try Mosquitto.check(mosquitto_int_option(raw, MOSQ_OPT_TCP_NODELAY, 1), operation)
+
+        if let credentials = config.credentials {
+            var password: String?
+            switch credentials.password {
+            case .none: password = nil
+            case .literal(let text): password = text
+            case .file(let path): password = try readSecret(path: path)
+            }
+            try Mosquitto.check(
+                mosquitto_username_pw_set(raw, credentials.username, password), "\(operation): username/password")
+        }
+
+        if config.broker.usesTLS {
+            let tls = config.tls ?? MQTTTLSConfiguration()
+            let caDirectory = tls.caFile == nil && tls.caDirectory == nil ? "/etc/ssl/certs" : tls.caDirectory
+            let rc = mosquitto_tls_set(raw, tls.caFile, caDirectory, tls.certificateFile, tls.privateKeyFile, nil)
+            guard rc == Mosquitto.success else {
+                let files = [tls.caFile, caDirectory, tls.certificateFile, tls.privateKeyFile].compactMap { $0 }
+                throw Mosquitto.error(
+                    rc, "\(operation): TLS", extra: "check that these exist and are readable: \(files)")
+            }
+            try Mosquitto.check(mosquitto_tls_insecure_set(raw, !tls.verifyHostname), "\(operation): TLS")
+        }
+
+        if let will = config.will {
+            let willOperation = "\(operation): will on \(will.topic)"
+            let rc: Int32
+            if isV5 && !will.properties.isEmpty {
+                let properties = try MosquittoProperties.publish(will.properties, willOperation)
+                rc = will.payload.withUnsafeBytes { bytes in
+                    mosquitto_will_set_v5(
+                        raw, will.topic, Int32(bytes.count), bytes.baseAddress, Int32(will.qos.rawValue),
+                        will.retain, properties.list)
+                }
+                if rc == Mosquitto.success { properties.release() }  // libmosquitto owns the list now
+            } else {
+                rc = will.payload.withUnsafeBytes { bytes in
+                    mosquitto_will_set(
+                        raw, will.topic, Int32(bytes.count), bytes.baseAddress, Int32(will.qos.rawValue), will.retain)
+                }
+            }
+            try Mosquitto.check(rc, willOperation)
+        }
+
+        let connectProperties = MosquittoProperties()
+        if isV5 && !config.cleanSession {
+            let seconds = UInt32(clamping: config.sessionExpiry.components.seconds)
+            try connectProperties.add(int32: MQTT_PROP_SESSION_EXPIRY_INTERVAL, seconds, operation)
+        }
+        return connectProperties
+    }
+
+    private func readSecret(path: String) throws(MQTTError) -> String {
+        let operation = "read MQTT password file \(path)"
+        let file = fopen(path, "r")
+        guard let file else {
+            throw MQTTError(.invalidConfiguration, operation: operation, detail: String(cString: strerror(errno)))
+        }
+        defer { fclose(file) }
+        var bytes: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { fread($0.baseAddress, 1, $0.count, file) }
+            if count > 0 { bytes.append(contentsOf: buffer[0..<count]) }
+            if count < buffer.count { break }
+            if bytes.count > 65_535 {
+                throw MQTTError(.invalidConfiguration, operation: operation, detail: "longer than 65535 bytes")
+            }
+        }
+        if bytes.last == UInt8(ascii: "\n") { bytes.removeLast() }
+        if bytes.last == UInt8(ascii: "\r") { bytes.removeLast() }
+        guard let text = String(validating: bytes, as: UTF8.self) else {
+            throw MQTTError(.invalidConfiguration, operation: operation, detail: "not valid UTF-8")
+        }
+        return text
+    }
+
+    // MARK: The loop thread
+
+    private func runLoop(connectProperties: MosquittoProperties) {
+        let raw = handle.raw
+        let config = configuration
+        let keepAlive = Int32(config.keepAlive.components.seconds)
+        var isFirst = true
+        while !stopping {
+            let attempt = state.withLock { state in
+                state.attempt += 1
+                state.refusal = nil
+                state.connection = .connecting(attempt: state.attempt)
+                return state.attempt
+            }
+            states.yield(.connecting(attempt: attempt))
+            lastLog.withLock { $0 = nil }
+            var rc: Int32
+            if isFirst {
+                rc = mosquitto_connect_bind_v5(
+                    raw, config.broker.host, Int32(config.broker.port), keepAlive, nil,
+                    isV5 ? connectProperties.list : nil)
+                isFirst = false
+            } else {
+                rc = mosquitto_reconnect(raw)
+            }
+            if rc == Mosquitto.success {
+                repeat {
+                    rc = mosquitto_loop(raw, 1000, 1)
+                } while rc == Mosquitto.success && !stopping
+            }
+            if stopping { break }
+            let extra = lastLog.withLock { $0 }
+            let error = state.withLock { state in
+                state.connected = false
+                return state.refusal
+                    ?? Mosquitto.error(rc, "connection to MQTT broker \(brokerName)", extra: extra)
+            }
+            firstOutcome.complete(.failure(error))
+            let delay = config.reconnect.delay(forAttempt: attempt)
+            let waiting = MQTTConnectionState.waitingToReconnect(retryIn: delay, attempt: attempt, error: error)
+            state.withLock { $0.connection = waiting }
+            states.yield(waiting)
+            if stopping { break }
+            let nanoseconds = delay.components.seconds * 1_000_000_000 + delay.components.attoseconds / 1_000_000_000
+            _ = wakeup.wait(timeout: .now() + .nanoseconds(Int(nanoseconds)))
+        }
+        // Queue a DISCONNECT (requestStop's may have come before the connection existed) and let it go out; the
+        // library closes the socket once it is written. Bounded, in case the broker stopped reading. Without it the
+        // broker would see an unclean close and publish the will.
+        if mosquitto_disconnect(raw) == Mosquitto.success || mosquitto_socket(raw) >= 0 {
+            var flushes = 0
+            while mosquitto_socket(raw) >= 0 && flushes < 20 {
+                if mosquitto_loop(raw, 100, 1) != Mosquitto.success { break }
+                flushes += 1
+            }
+        }
+        finishEverything()
+    }
+
+    /// Fails everything still waiting, ends every stream, and marks the loop finished.
+    private func finishEverything() {
+        let operation = "MQTT client for \(brokerName)"
+        let shutDown = MQTTError(.shutDown, operation: operation, detail: "the client was shut down")
+        let (queued, acks, subscribes, unsubscribes) = state.withLock { state in
+            state.lifecycle = .stopped
+            state.connected = false
+            state.connection = .stopped
+            state.statistics.queued = 0
+            let queued = state.queue.removeAll()
+            let acks = state.publishWaiters.values.map(\.completion)
+            let subscribes = state.subscribeRequests.values.compactMap(\.completion)
+            let unsubscribes = Array(state.unsubscribeWaiters.values)
+            state.publishWaiters = [:]
+            state.subscribeRequests = [:]
+            state.unsubscribeWaiters = [:]
+            state.inflight = 0
+            return (queued, acks, subscribes, unsubscribes)
+        }
+        for item in queued { item.completion.complete(.failure(shutDown)) }
+        for ack in acks { ack.complete(.failure(shutDown)) }
+        for subscribe in subscribes { subscribe.complete(.failure(shutDown)) }
+        for unsubscribe in unsubscribes { unsubscribe.complete(.failure(shutDown)) }
+        firstOutcome.complete(.failure(shutDown))
+        states.yield(.stopped)
+        states.finish()
+        incoming.finish()
+        finished.complete(.success(()))
+    }
+
+    // MARK: Publishing
+
+    /// Sends or queues `message`; the returned completion ends when it is acknowledged (QoS 1/2) or handed to
+    /// libmosquitto (QoS 0), or fails.
+    func send(_ message: MQTTOutgoingMessage) throws(MQTTError) -> Completion<Void> {
+        let operation = "publish to \(message.topic)"
+        try MQTTTopic.validateName(message.topic)
+        guard message.payload.count <= 268_435_455 else {
+            throw Mosquitto.error(MOSQ_ERR_PAYLOAD_SIZE.rawValue, operation, extra: "\(message.payload.count) bytes")
+        }
+        if !isV5 && !message.properties.isEmpty {
+            throw MQTTError(.invalidConfiguration, operation: operation, detail: "properties need MQTT 5")
+        }
+        let item = QueuedPublish(message: message, completion: Completion<Void>())
+        enum Decision {
+            case sendNow
+            case queued(dropped: QueuedPublish?)
+            case rejected
+        }
+        let capacity = configuration.offlineQueueCapacity
+        let decision = state.withLock { state -> Decision in
+            guard state.lifecycle == .idle || state.lifecycle == .running else { return .rejected }
+            if state.connected && !state.draining && state.queue.isEmpty
+                && (message.qos == .atMostOnce || state.inflight < window)
+            {
+                if message.qos != .atMostOnce { state.inflight += 1 }
+                return .sendNow
+            }
+            var dropped: QueuedPublish?
+            if state.queue.count >= capacity {
+                if let oldest = state.queue.removeOldestQoS0() {
+                    dropped = oldest
+                    state.statistics.droppedQoS0 += 1
+                } else {
+                    dropped = state.queue.removeFirst()
+                    state.statistics.droppedQoS1Or2 += 1
+                }
+            }
+            state.queue.append(item)
+            state.statistics.queued = state.queue.count
+            return .queued(dropped: dropped)
+        }
+        switch decision {
+        case .rejected:
+            throw MQTTError(.shutDown, operation: operation, detail: "the client was shut down")
+        case .sendNow:
+            switch transmit(item) {
+            case .sent:
+                break
+            case .notConnected:
+                requeue([item])
+            case .failed(let error):
+                throw error
+            }
+        case .queued(let dropped):
+            if let dropped {
+                dropped.completion.complete(
+                    .failure(
+                        MQTTError(
+                            .dropped, operation: "publish to \(dropped.message.topic)",
+                            detail: "dropped from the full offline queue (capacity \(capacity))")))
+            }
+            drainIfNeeded()
+        }
+        return item.completion
+    }
+
+    private enum TransmitOutcome {
+        case sent
+        case notConnected
+        case failed(MQTTError)
+    }
+
+    /// Hands one message to libmosquitto. Its in-flight slot (QoS 1/2) was taken by the caller; it is given back
+    /// here when the message did not go out.
+    private func transmit(_ item: QueuedPublish) -> TransmitOutcome {
+        let message = item.message
+        // libmosquitto 2.0.11 aborts the process (an assert in its logging) when asked to publish a packet over the
+        // broker's maximum, so such packets never reach it: the check here is exact and stricter than its own.
+        let maximum = maximumPacketSize.load(ordering: .relaxed)
+        if maximum > 0 {
+            let size = message.packetSize(isV5: isV5)
+            if size > Int(maximum) {
+                releaseSlot(message.qos)
+                let error = Mosquitto.error(
+                    MOSQ_ERR_OVERSIZE_PACKET.rawValue, "publish to \(message.topic)",
+                    extra: "a \(size)-byte packet; the broker accepts at most \(maximum) bytes")
+                item.completion.complete(.failure(error))
+                return .failed(error)
+            }
+        }
+        var mid: Int32 = 0
+        var rc: Int32
+        var properties: MosquittoProperties?
+        if isV5 && !message.properties.isEmpty {
+            do {
+                properties = try MosquittoProperties.publish(message.properties, "publish to \(message.topic)")
+            } catch {
+                releaseSlot(message.qos)
+                item.completion.complete(.failure(error))
+                return .failed(error)
+            }
+        }
+        rc = message.payload.withUnsafeBytes { bytes in
+            mosquitto_publish_v5(
+                handle.raw, &mid, message.topic, Int32(bytes.count), bytes.baseAddress, Int32(message.qos.rawValue),
+                message.retain, properties?.list)
+        }
+        withExtendedLifetime(properties) {}
+        if rc == Mosquitto.success {
+            register(mid: mid, item: item)
+            return .sent
+        }
+        releaseSlot(message.qos)
+        if rc == MOSQ_ERR_NO_CONN.rawValue { return .notConnected }
+        let error = Mosquitto.error(rc, "publish to \(message.topic)", extra: "\(message.payload.count) bytes payload")
+        item.completion.complete(.failure(error))
+        return .failed(error)
+    }
+
+    private func releaseSlot(_ qos: MQTTQoS) {
+        guard qos != .atMostOnce else { return }
+        state.withLock { $0.inflight -= 1 }
+    }
+
+    /// Records the mid of a message libmosquitto accepted. The acknowledgement may already have arrived on the
+    /// loop thread (then it waits in `earlyAcks`); QoS 0 "acks" (sent notifications) are ignored.
+    private func register(mid: Int32, item: QueuedPublish) {
+        let qos = item.message.qos
+        let early: Int32?? = state.withLock { state in
+            state.statistics.published += 1
+            if qos == .atMostOnce {
+                if state.earlyAcks.removeValue(forKey: mid) == nil { state.ignoredAcks.insert(mid) }
+                return .some(nil)
+            }
+            if let reason = state.earlyAcks.removeValue(forKey: mid) {
+                state.inflight -= 1
+                state.statistics.acknowledged += 1
+                return .some(reason)
+            }
+            state.publishWaiters[mid] = CoreState.PendingAck(completion: item.completion, topic: item.message.topic)
+            return nil
+        }
+        switch early {
+        case .none:
+            break
+        case .some(.none):
+            item.completion.complete(.success(()))
+        case .some(.some(let reason)):
+            item.completion.complete(publishResult(reason, topic: item.message.topic))
+            drainIfNeeded()
+        }
+    }
+
+    private func publishResult(_ reason: Int32, topic: String) -> Result<Void, MQTTError> {
+        guard reason >= 0x80 else { return .success(()) }
+        let code = MQTTReasonCode(rawValue: UInt8(truncatingIfNeeded: reason))
+        return .failure(
+            MQTTError(.rejected(code), operation: "publish to \(topic)", detail: "the broker answered \(code)"))
+    }
+
+    private func requeue(_ items: [QueuedPublish]) {
+        state.withLock { state in
+            state.queue.prepend(items)
+            state.statistics.queued = state.queue.count
+        }
+    }
+
+    /// Hands queued messages to libmosquitto, in order, while connected and the window allows. One thread drains
+    /// at a time (`draining`); new publishes queue behind it so nothing overtakes.
+    func drainIfNeeded() {
+        let window = self.window
+        let start = state.withLock { state -> Bool in
+            guard state.connected, !state.draining, let head = state.queue.peek(),
+                head.message.qos == .atMostOnce || state.inflight < window
+            else { return false }
+            state.draining = true
+            return true
+        }
+        guard start else { return }
+        while true {
+            let batch = state.withLock { state -> [QueuedPublish] in
+                guard state.connected else {
+                    state.draining = false
+                    return []
+                }
+                var items: [QueuedPublish] = []
+                while items.count < 256, let head = state.queue.peek(),
+                    head.message.qos == .atMostOnce || state.inflight < window
+                {
+                    _ = state.queue.removeFirst()
+                    if head.message.qos != .atMostOnce { state.inflight += 1 }
+                    items.append(head)
+                }
+                if items.isEmpty { state.draining = false }
+                state.statistics.queued = state.queue.count
+                return items
+            }
+            if batch.isEmpty { return }
+            for (index, item) in batch.enumerated() {
+                if case .notConnected = transmit(item) {
+                    let rest = Array(batch[(index + 1)...])
+                    state.withLock { state in
+                        for later in rest where later.message.qos != .atMostOnce { state.inflight -= 1 }
+                        state.queue.prepend([item] + rest)
+                        state.statistics.queued = state.queue.count
+                        state.draining = false
+                    }
+                    return
+                }
+            }
+        }
+    }
+
+    // MARK: Subscriptions
+
+    func subscribe(filter: String, qos: MQTTQoS) async throws(MQTTError) -> MQTTQoS {
+        let operation = "subscribe to \(filter)"
+        try MQTTTopic.validateFilter(filter)
+        let (running, connected) = state.withLock { state in
+            state.pendingUnsubscribes.removeAll { $0 == filter }
+            if state.subscriptions[filter] == nil { state.subscriptionOrder.append(filter) }
+            state.subscriptions[filter] = CoreState.Subscription(qos: qos, active: false)
+            return (state.lifecycle == .idle || state.lifecycle == .running, state.connected)
+        }
+        guard running else { throw MQTTError(.shutDown, operation: operation, detail: "the client was shut down") }
+        // Not connected: the subscription is made when the connection comes up.
+        guard connected else { return qos }
+        let completion = Completion<MQTTQoS>()
+        switch sendSubscribe(filter: filter, qos: qos, completion: completion) {
+        case .sent: return try await completion.value(operation: operation)
+        case .notConnected: return qos
+        case .failed(let error): throw error
+        }
+    }
+
+    private func sendSubscribe(filter: String, qos: MQTTQoS, completion: Completion<MQTTQoS>?) -> TransmitOutcome {
+        var mid: Int32 = 0
+        let rc = mosquitto_subscribe_v5(handle.raw, &mid, filter, Int32(qos.rawValue), 0, nil)
+        if rc == MOSQ_ERR_NO_CONN.rawValue { return .notConnected }
+        guard rc == Mosquitto.success else {
+            let error = Mosquitto.error(rc, "subscribe to \(filter)")
+            completion?.complete(.failure(error))
+            return .failed(error)
+        }
+        let early: Int32? = state.withLock { state in
+            if let granted = state.earlySubacks.removeValue(forKey: mid) { return granted }
+            state.subscribeRequests[mid] = CoreState.SubscribeRequest(filter: filter, qos: qos, completion: completion)
+            return nil
+        }
+        if let early { finishSubscribe(filter: filter, granted: early, completion: completion) }
+        return .sent
+    }
+
+    private func finishSubscribe(filter: String, granted: Int32, completion: Completion<MQTTQoS>?) {
+        let qos = granted < 0x80 ? MQTTQoS(rawValue: Int(granted)) : nil
+        state.withLock { state in
+            if qos != nil, state.subscriptions[filter] != nil { state.subscriptions[filter]?.active = true }
+        }
+        if let qos {
+            completion?.complete(.success(qos))
+        } else {
+            let code = MQTTReasonCode(rawValue: UInt8(truncatingIfNeeded: granted))
+            completion?.complete(
+                .failure(
+                    MQTTError(
+                        .rejected(code), operation: "subscribe to \(filter)", detail: "the broker answered \(code)")
+                ))
+        }
+    }
+
+    func unsubscribe(filter: String) async throws(MQTTError) {
+        let operation = "unsubscribe from \(filter)"
+        try MQTTTopic.validateFilter(filter)
+        let connected = state.withLock { state in
+            state.subscriptions[filter] = nil
+            state.subscriptionOrder.removeAll { $0 == filter }
+            if !state.connected && !state.pendingUnsubscribes.contains(filter) {
+                state.pendingUnsubscribes.append(filter)
+            }
+            return state.connected
+        }
+        guard connected else { return }
+        var mid: Int32 = 0
+        let rc = mosquitto_unsubscribe_v5(handle.raw, &mid, filter, nil)
+        if rc == MOSQ_ERR_NO_CONN.rawValue { return }
+        try Mosquitto.check(rc, operation)
+        let completion = Completion<Void>()
+        let early = state.withLock { state in
+            if state.earlyUnsubacks.remove(mid) != nil { return true }
+            state.unsubscribeWaiters[mid] = completion
+            return false
+        }
+        if early { return }
+        try await completion.value(operation: operation)
+    }
+
+    // MARK: Callbacks (loop thread)
+
+    private func installCallbacks() {
+        let raw = handle.raw
+        mosquitto_connect_v5_callback_set(raw) { _, context, rc, flags, properties in
+            guard let context else { return }
+            Unmanaged<ClientCore>.fromOpaque(context).takeUnretainedValue()
+                .onConnect(rc: rc, flags: flags, properties: properties)
+        }
+        mosquitto_disconnect_v5_callback_set(raw) { _, context, rc, properties in
+            guard let context else { return }
+            Unmanaged<ClientCore>.fromOpaque(context).takeUnretainedValue().onDisconnect(rc: rc, properties: properties)
+        }
+        mosquitto_publish_v5_callback_set(raw) { _, context, mid, reason, _ in
+            guard let context else { return }
+            Unmanaged<ClientCore>.fromOpaque(context).takeUnretainedValue().onPublish(mid: mid, reason: reason)
+        }
+        mosquitto_subscribe_v5_callback_set(raw) { _, context, mid, count, granted, _ in
+            guard let context else { return }
+            let first: Int32 = (count > 0 ? granted?.pointee : nil) ?? 0x80
+            Unmanaged<ClientCore>.fromOpaque(context).takeUnretainedValue().onSubscribe(mid: mid, granted: first)
+        }
+        mosquitto_unsubscribe_v5_callback_set(raw) { _, context, mid, _ in
+            guard let context else { return }
+            Unmanaged<ClientCore>.fromOpaque(context).takeUnretainedValue().onUnsubscribe(mid: mid)
+        }
+        mosquitto_message_v5_callback_set(raw) { _, context, message, properties in
+            guard let context, let message else { return }
+            Unmanaged<ClientCore>.fromOpaque(context).takeUnretainedValue()
+                .onMessage(message.pointee, properties: properties)
+        }
+        setLogging(true)
+    }
+
+    /// The log callback is only needed to explain failed connections (OpenSSL's reasons appear nowhere else). It is
+    /// off while connected: with a callback set, libmosquitto formats a debug line for every packet (measured: about
+    /// 3 % of the client's CPU time in the QoS 1 benchmark).
+    private func setLogging(_ on: Bool) {
+        guard on else {
+            mosquitto_log_callback_set(handle.raw, nil)
+            return
+        }
+        mosquitto_log_callback_set(handle.raw) { _, context, level, text in
+            guard let context, let text, level & Int32(MOSQ_LOG_ERR | MOSQ_LOG_WARNING) != 0 else { return }
+            let line = String(cString: text)
+            Unmanaged<ClientCore>.fromOpaque(context).takeUnretainedValue().lastLog.withLock { $0 = line }
+        }
+    }
+
+    private func onConnect(rc: Int32, flags: Int32, properties: OpaquePointer?) {
+        guard rc == 0 else {
+            let code = MQTTReasonCode(rawValue: UInt8(truncatingIfNeeded: rc))
+            var detail = isV5 ? Mosquitto.reasonString(rc) : Mosquitto.connackString(rc)
+            if let reason = MosquittoProperties.string(properties, MQTT_PROP_REASON_STRING) {
+                detail += " (\(reason))"
+            }
+            let error = MQTTError(
+                .connectionRefused(code), operation: "connect to MQTT broker \(brokerName)", detail: detail)
+            state.withLock { $0.refusal = error }
+            return
+        }
+        let sessionPresent = flags & 1 != 0
+        var maximum: UInt32 = 0
+        if properties != nil {
+            _ = mosquitto_property_read_int32(
+                properties, Int32(MQTT_PROP_MAXIMUM_PACKET_SIZE.rawValue), &maximum, false)
+        }
+        maximumPacketSize.store(maximum, ordering: .relaxed)
+        setLogging(false)
+        let (resubscribe, unsubscribe) = state.withLock { state -> ([(String, MQTTQoS)], [String]) in
+            defer { state.pendingUnsubscribes = [] }
+            state.connected = true
+            state.attempt = 0
+            state.ignoredAcks.removeAll()
+            state.statistics.connections += 1
+            state.connection = .connected(sessionPresent: sessionPresent)
+            var list: [(String, MQTTQoS)] = []
+            for filter in state.subscriptionOrder {
+                guard let subscription = state.subscriptions[filter] else { continue }
+                if !sessionPresent || !subscription.active { list.append((filter, subscription.qos)) }
+            }
+            return (list, sessionPresent ? state.pendingUnsubscribes : [])
+        }
+        states.yield(.connected(sessionPresent: sessionPresent))
+        for filter in unsubscribe {
+            var mid: Int32 = 0
+            if mosquitto_unsubscribe_v5(handle.raw, &mid, filter, nil) == Mosquitto.success {
+                state.withLock { $0.unsubscribeWaiters[mid] = Completion<Void>() }  // nobody waits; keeps acks paired
+            }
+        }
+        for (filter, qos) in resubscribe {
+            _ = sendSubscribe(filter: filter, qos: qos, completion: nil)
+        }
+        firstOutcome.complete(.success(()))
+        drainIfNeeded()
+    }
+
+    private func onDisconnect(rc: Int32, properties: OpaquePointer?) {
+        // Subscriptions keep their `active` flag: the next CONNACK's session-present bit decides whether the
+        // broker still has them. SUBACKs and UNSUBACKs of the lost connection will never come: the subscription set
+        // is already recorded and is restored on reconnect, so those waits end now as if acknowledged.
+        // Unacknowledged QoS 1/2 publishes stay: libmosquitto resends them after reconnecting.
+        setLogging(true)
+        // Under MQTT 5 a broker DISCONNECT carries a reason code (0x80 and up); libmosquitto's own errors are small
+        // mosq_err_t values. (libmosquitto 2.0.11 passes NULL properties here, so the reason string shows only with
+        // later versions.)
+        var brokerReason: MQTTError?
+        if isV5 && rc >= 0x80 && rc <= 0xFF {
+            let code = MQTTReasonCode(rawValue: UInt8(rc))
+            var detail = "the broker disconnected us: \(code)"
+            if let reason = MosquittoProperties.string(properties, MQTT_PROP_REASON_STRING) { detail += " (\(reason))" }
+            brokerReason = MQTTError(
+                .disconnectedByBroker(code), operation: "connection to MQTT broker \(brokerName)", detail: detail)
+        }
+        let (subscribes, unsubscribes) = state.withLock { state in
+            if let brokerReason { state.refusal = brokerReason }
+            state.connected = false
+            defer {
+                state.subscribeRequests = [:]
+                state.unsubscribeWaiters = [:]
+            }
+            return (Array(state.subscribeRequests.values), Array(state.unsubscribeWaiters.values))
+        }
+        for request in subscribes { request.completion?.complete(.success(request.qos)) }
+        for waiter in unsubscribes { waiter.complete(.success(())) }
+    }
+
+    /// Test hook: breaks the TCP connection under libmosquitto (no DISCONNECT), as a network failure would.
+    func breakConnectionForTesting() {
+        let socket = mosquitto_socket(handle.raw)
+        if socket >= 0 { _ = shutdown(socket, Int32(SHUT_RDWR)) }
+    }
+
+    private func onPublish(mid: Int32, reason: Int32) {
+        let waiter = state.withLock { state -> CoreState.PendingAck? in
+            if state.ignoredAcks.remove(mid) != nil { return nil }
+            if let waiter = state.publishWaiters.removeValue(forKey: mid) {
+                state.inflight -= 1
+                state.statistics.acknowledged += 1
+                return waiter
+            }
+            state.earlyAcks[mid] = reason
+            return nil
+        }
+        guard let waiter else { return }
+        waiter.completion.complete(publishResult(reason, topic: waiter.topic))
+        drainIfNeeded()
+    }
+
+    private func onSubscribe(mid: Int32, granted: Int32) {
+        let request = state.withLock { state -> CoreState.SubscribeRequest? in
+            if let request = state.subscribeRequests.removeValue(forKey: mid) { return request }
+            state.earlySubacks[mid] = granted
+            return nil
+        }
+        guard let request else { return }
+        finishSubscribe(filter: request.filter, granted: granted, completion: request.completion)
+    }
+
+    private func onUnsubscribe(mid: Int32) {
+        let waiter = state.withLock { state -> Completion<Void>? in
+            if let waiter = state.unsubscribeWaiters.removeValue(forKey: mid) { return waiter }
+            state.earlyUnsubacks.insert(mid)
+            return nil
+        }
+        waiter?.complete(.success(()))
+    }
+
+    private func onMessage(_ message: mosquitto_message, properties: OpaquePointer?) {
+        guard let topic = message.topic else { return }
+        let payload: [UInt8]
+        if let bytes = message.payload, message.payloadlen > 0 {
+            payload = Array(UnsafeRawBufferPointer(start: bytes, count: Int(message.payloadlen)))
+        } else {
+            payload = []
+        }
+        let received = MQTTMessage(
+            topic: String(cString: topic), payload: payload,
+            qos: MQTTQoS(rawValue: Int(message.qos)) ?? .atMostOnce, retain: message.retain,
+            properties: properties == nil ? MQTTPublishProperties() : MosquittoProperties.decodePublish(properties))
+        self.received.add(1, ordering: .relaxed)
+        let dropped = incoming.yield(received)
+        if dropped > 0 { receiveDropped.add(dropped, ordering: .relaxed) }
+    }
+}

@@ -1,0 +1,155 @@
+// An exactly-once completion: the C side completes it from libmosquitto's thread, Swift awaits it, and whichever
+// comes first the result is delivered once. A result that arrives before anyone awaits is kept; an awaiter that is
+// cancelled gets `.cancelled` and the completion stays pending for other awaiters.
+import Synchronization
+
+final class Completion<Value: Sendable>: Sendable {
+    private typealias Waiter = CheckedContinuation<Result<Value, MQTTError>, Never>
+
+    private enum State {
+        case pending(waiters: [UInt64: Waiter], nextID: UInt64)
+        case done(Result<Value, MQTTError>)
+    }
+
+    private let state = Mutex<State>(.pending(waiters: [:], nextID: 0))
+
+    init() {}
+
+    /// Completes with `result` unless already completed; returns true if this call completed it.
+    @discardableResult
+    func complete(_ result: Result<Value, MQTTError>) -> Bool {
+        let waiters: [Waiter]? = state.withLock { state in
+            guard case .pending(let waiters, _) = state else { return nil }
+            state = .done(result)
+            return Array(waiters.values)
+        }
+        guard let waiters else { return false }
+        for waiter in waiters { waiter.resume(returning: result) }
+        return true
+    }
+
+    /// The result, if there is one yet.
+    var result: Result<Value, MQTTError>? {
+        state.withLock { state in
+            if case .done(let result) = state { return result }
+            return nil
+        }
+    }
+
+    /// Waits for the result, ignoring cancellation of the waiting task.
+    func valueIgnoringCancellation() async -> Result<Value, MQTTError> {
+        let id: UInt64 = state.withLock { state in
+            guard case .pending(let waiters, let nextID) = state else { return 0 }
+            state = .pending(waiters: waiters, nextID: nextID + 1)
+            return nextID
+        }
+        return await withCheckedContinuation { (continuation: Waiter) in
+            let immediate: Result<Value, MQTTError>? = state.withLock { state in
+                switch state {
+                case .done(let result):
+                    return result
+                case .pending(var waiters, let nextID):
+                    waiters[id] = continuation
+                    state = .pending(waiters: waiters, nextID: nextID)
+                    return nil
+                }
+            }
+            if let immediate { continuation.resume(returning: immediate) }
+        }
+    }
+
+    /// Waits for the result. Cancelling the waiting task ends this wait with `.cancelled`.
+    func value(operation: @autoclosure () -> String) async throws(MQTTError) -> Value {
+        let id: UInt64 = state.withLock { state in
+            guard case .pending(let waiters, let nextID) = state else { return 0 }
+            state = .pending(waiters: waiters, nextID: nextID + 1)
+            return nextID
+        }
+        let cancelled = MQTTError(.cancelled, operation: operation(), detail: "the waiting task was cancelled")
+        let result = await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: Waiter) in
+                let immediate: Result<Value, MQTTError>? = state.withLock { state in
+                    switch state {
+                    case .done(let result):
+                        return result
+                    case .pending(var waiters, let nextID):
+                        if Task.isCancelled { return .failure(cancelled) }
+                        waiters[id] = continuation
+                        state = .pending(waiters: waiters, nextID: nextID)
+                        return nil
+                    }
+                }
+                if let immediate { continuation.resume(returning: immediate) }
+            }
+        } onCancel: {
+            let waiter: Waiter? = state.withLock { state in
+                guard case .pending(var waiters, let nextID) = state, let waiter = waiters.removeValue(forKey: id)
+                else { return nil }
+                state = .pending(waiters: waiters, nextID: nextID)
+                return waiter
+            }
+            waiter?.resume(returning: .failure(cancelled))
+        }
+        return try result.get()
+    }
+}
+
+/// Fans values out to any number of `AsyncStream`s; each stream unregisters itself when its reader goes away.
+final class Broadcast<Element: Sendable>: Sendable {
+    private struct State {
+        var continuations: [UInt64: AsyncStream<Element>.Continuation] = [:]
+        var nextID: UInt64 = 0
+        var finished = false
+    }
+
+    private let state = Mutex(State())
+
+    init() {}
+
+    /// A new stream; `initial` (if any) is its first element.
+    func makeStream(
+        bufferingPolicy: AsyncStream<Element>.Continuation.BufferingPolicy, initial: Element? = nil
+    ) -> AsyncStream<Element> {
+        let (stream, continuation) = AsyncStream<Element>.makeStream(bufferingPolicy: bufferingPolicy)
+        let registered: UInt64? = state.withLock { state in
+            guard !state.finished else { return nil }
+            let id = state.nextID
+            state.nextID += 1
+            state.continuations[id] = continuation
+            if let initial { continuation.yield(initial) }
+            return id
+        }
+        if let registered {
+            continuation.onTermination = { [weak self] _ in
+                _ = self?.state.withLock { $0.continuations.removeValue(forKey: registered) }
+            }
+        } else {
+            if let initial { continuation.yield(initial) }
+            continuation.finish()
+        }
+        return stream
+    }
+
+    /// Sends `element` to every stream; returns how many streams dropped it because their buffer was full.
+    /// Yielding under the lock keeps the order the same in every stream when several threads yield.
+    @discardableResult
+    func yield(_ element: Element) -> Int {
+        state.withLock { state in
+            var dropped = 0
+            for continuation in state.continuations.values {
+                if case .dropped = continuation.yield(element) { dropped += 1 }
+            }
+            return dropped
+        }
+    }
+
+    /// Ends every stream; later streams end at once.
+    func finish() {
+        let continuations = state.withLock { state in
+            state.finished = true
+            defer { state.continuations.removeAll() }
+            return Array(state.continuations.values)
+        }
+        for continuation in continuations { continuation.finish() }
+    }
+}

@@ -1,1 +1,0 @@
-// MQTT: see Package.swift for this target's place in the layering.

@@ -1,0 +1,125 @@
+import Foundation
+import MQTT
+import TestSupport
+
+struct TimeoutError: Error, CustomStringConvertible {
+    let description: String
+}
+
+/// Runs `body`, failing with a `TimeoutError` naming `what` after `seconds`.
+func within<T: Sendable>(
+    _ seconds: Double, _ what: String, _ body: @escaping @Sendable () async throws -> T
+) async throws -> T {
+    try await withThrowingTaskGroup(of: T?.self) { group in
+        group.addTask { try await body() }
+        group.addTask {
+            try await Task.sleep(for: .seconds(seconds))
+            return nil
+        }
+        defer { group.cancelAll() }
+        guard let first = try await group.next(), let value = first else {
+            throw TimeoutError(description: "timed out after \(seconds) s: \(what)")
+        }
+        return value
+    }
+}
+
+/// A configuration for a broker started by the harness.
+func configuration(
+    _ broker: MosquittoBroker, version: MQTTProtocolVersion = .v5, clientID: String? = nil
+) -> MQTTConfiguration {
+    var configuration = MQTTConfiguration(
+        broker: MQTTBrokerURL(host: "127.0.0.1", port: broker.port), clientID: clientID, protocolVersion: version)
+    configuration.reconnect = MQTTReconnectPolicy(initialDelay: .milliseconds(50), maximumDelay: .milliseconds(400))
+    return configuration
+}
+
+/// A connected client.
+func connectedClient(_ configuration: MQTTConfiguration) async throws -> MQTTClient {
+    let client = try MQTTClient(configuration: configuration)
+    try await within(10, "connect to \(configuration.broker)") { try await client.connect() }
+    return client
+}
+
+extension MQTTMessageStream {
+    /// The first `count` messages, or a timeout.
+    func first(_ count: Int, timeout: Double = 10) async throws -> [MQTTMessage] {
+        let stream = self
+        return try await within(timeout, "receive \(count) messages") {
+            var messages: [MQTTMessage] = []
+            for await message in stream {
+                messages.append(message)
+                if messages.count == count { break }
+            }
+            return messages
+        }
+    }
+}
+
+extension MQTTClient {
+    /// Waits until the connection state satisfies `predicate`.
+    func waitForState(
+        timeout: Double = 10, _ what: String, _ predicate: @escaping @Sendable (MQTTConnectionState) -> Bool
+    ) async throws {
+        let states = connectionStates()
+        _ = try await within(timeout, "connection state: \(what)") {
+            for await state in states where predicate(state) { return true }
+            throw TimeoutError(description: "state stream ended before: \(what)")
+        }
+    }
+}
+
+/// Runs a command and throws if it fails.
+@discardableResult
+func run(_ program: String, _ arguments: [String]) throws -> String {
+    guard let url = which(program) else { throw HarnessError("\(program) not found") }
+    let result = try runCommand(url, arguments)
+    guard result.status == 0 else {
+        throw HarnessError("\(program) \(arguments.joined(separator: " ")) failed: \(result.stderr)")
+    }
+    return result.stdout
+}
+
+/// A TCP peer on a free loopback port that accepts one connection, reads once, writes its scripted replies and
+/// keeps the socket open until it is deinitialised. For broker behaviour mosquitto does not show.
+final class ScriptedPeer: @unchecked Sendable {
+    let port: UInt16
+    private let listener: Int32
+    private let lock = NSLock()
+    private var connection: Int32 = -1
+
+    init(replies: [[UInt8]]) throws {
+        port = try freeLoopbackPort()
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        self.listener = listener
+        var reuse: Int32 = 1
+        setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &reuse, socklen_t(MemoryLayout<Int32>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = port.bigEndian
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        guard bound == 0, listen(listener, 1) == 0 else { throw HarnessError("scripted peer: bind/listen failed") }
+        Thread.detachNewThread { [self] in
+            let fd = accept(listener, nil, nil)
+            guard fd >= 0 else { return }
+            lock.withLock { connection = fd }
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            _ = read(fd, &buffer, buffer.count)
+            for reply in replies {
+                _ = reply.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+                usleep(50_000)
+            }
+        }
+    }
+
+    deinit {
+        shutdown(listener, Int32(SHUT_RDWR))
+        close(listener)
+        lock.withLock { if connection >= 0 { close(connection) } }
+    }
+}
