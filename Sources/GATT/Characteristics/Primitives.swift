@@ -209,23 +209,33 @@ public struct GATTDateTime: Sendable, Equatable {
             && hours < 24 && minutes < 60 && seconds < 60
     }
 
-    /// `YYYY-MM-DDTHH:MM:SS`, or nil when not complete.
+    /// `YYYY-MM-DDTHH:MM:SS`, or nil when not complete. Written straight into the string's storage (one allocation).
     public var isoString: String? {
         guard isComplete else { return nil }
-        var out: [UInt8] = []
-        out.reserveCapacity(19)
-        appendDigits(&out, year, 4)
-        out.append(UInt8(ascii: "-"))
-        appendDigits(&out, month, 2)
-        out.append(UInt8(ascii: "-"))
-        appendDigits(&out, day, 2)
-        out.append(UInt8(ascii: "T"))
-        appendDigits(&out, hours, 2)
-        out.append(UInt8(ascii: ":"))
-        appendDigits(&out, minutes, 2)
-        out.append(UInt8(ascii: ":"))
-        appendDigits(&out, seconds, 2)
-        return String(decoding: out, as: UTF8.self)
+        return String(unsafeUninitializedCapacity: 19) { buffer in
+            guard buffer.count >= 19 else { return 0 }
+            func put(_ value: Int, at start: Int, width: Int) {
+                var v = value
+                var i = start + width - 1
+                while i >= start {
+                    buffer[i] = UInt8(ascii: "0") &+ UInt8(truncatingIfNeeded: v % 10)
+                    v /= 10
+                    i -= 1
+                }
+            }
+            put(year, at: 0, width: 4)
+            buffer[4] = UInt8(ascii: "-")
+            put(month, at: 5, width: 2)
+            buffer[7] = UInt8(ascii: "-")
+            put(day, at: 8, width: 2)
+            buffer[10] = UInt8(ascii: "T")
+            put(hours, at: 11, width: 2)
+            buffer[13] = UInt8(ascii: ":")
+            put(minutes, at: 14, width: 2)
+            buffer[16] = UInt8(ascii: ":")
+            put(seconds, at: 17, width: 2)
+            return 19
+        }
     }
 
     /// Parses `YYYY-MM-DDTHH:MM:SS`.
@@ -362,18 +372,6 @@ public struct GATTDateTime: Sendable, Equatable {
         let m = mp < 10 ? mp + 3 : mp - 9
         return (yoe + era * 400 + (m <= 2 ? 1 : 0), m, d)
     }
-}
-
-private func appendDigits(_ out: inout [UInt8], _ value: Int, _ width: Int) {
-    var digits: [UInt8] = Array(repeating: UInt8(ascii: "0"), count: width)
-    var v = value
-    var i = width - 1
-    while i >= 0 {
-        digits[i] = UInt8(ascii: "0") + UInt8(v % 10)
-        v /= 10
-        i -= 1
-    }
-    out.append(contentsOf: digits)
 }
 
 // MARK: - Writing
