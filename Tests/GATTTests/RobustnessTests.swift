@@ -18,7 +18,10 @@ struct SplitMix64: RandomNumberGenerator {
 }
 
 /// "Decrypts" by returning the ciphertext, so that the code after decryption sees arbitrary plaintext.
-struct PassThroughCipher: AESCCMCipher {
+struct PassThroughCipher: AESCCMKeystreamCipher {
+    func decryptUnauthenticated(key: [UInt8], nonce: [UInt8], ciphertext: [UInt8]) throws(GATTParseError) -> [UInt8] {
+        ciphertext
+    }
     func decrypt(key: [UInt8], nonce: [UInt8], ciphertext: [UInt8], tag: [UInt8], aad: [UInt8])
         throws(GATTParseError) -> [UInt8]
     { ciphertext }
