@@ -27,7 +27,8 @@ let declaredParser: DeclarativeParser? = try? DeclarativeParser(
     DeclarativeParserSpec(
         name: "fuzz_declared", uuid: "FFF1",
         fields: [
-            .init(name: "a", type: "s24be", offset: 0, scale: 0.01, add: 3), .init(name: "b", type: "sfloat", offset: 3),
+            .init(name: "a", type: "s24be", offset: 0, scale: 0.01, add: 3),
+            .init(name: "b", type: "sfloat", offset: 3),
             .init(name: "c", type: "float", offset: 5, scale: 2), .init(name: "d", type: "bool:bit12", offset: 1),
             .init(name: "e", type: "u8", offset: 9, enumNames: [1: "one"]),
             .init(name: "f", type: "utf8", offset: 10, length: 3), .init(name: "g", type: "hex", offset: 13),
@@ -64,13 +65,17 @@ public func fuzzOneInput(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
             do {
                 check(try parser.decode(encoded, context: context))
             } catch {
-                fatalError("\(parser.name): its own encoding \(hexString(encoded)) of \(hexString(bytes)) is rejected: \(error)")
+                fatalError(
+                    "\(parser.name): its own encoding \(hexString(encoded)) of \(hexString(bytes)) is rejected: \(error)"
+                )
             }
         }
     }
     if bytes.count >= 7 {
         let descriptor = Array(bytes.prefix(7))
-        if let reading = try? PresentationFormat.decode(Array(bytes.dropFirst(7)), descriptor: descriptor) { check(reading) }
+        if let reading = try? PresentationFormat.decode(Array(bytes.dropFirst(7)), descriptor: descriptor) {
+            check(reading)
+        }
     }
     for (parser, source) in advertisementTargets {
         for advContext in advertisementContexts {

@@ -99,7 +99,9 @@ public enum DecodeCommand: CLICommand {
         var request = Request(kind: kind, target: positional[1], payload: payload)
         if let text = options["--presentation-format"] {
             guard kind == .gatt else { return .failure(.init("--presentation-format is for 'gatt' only")) }
-            guard let bytes = bytesFromHex(text) else { return .failure(.init("--presentation-format '\(text)' is not hex")) }
+            guard let bytes = bytesFromHex(text) else {
+                return .failure(.init("--presentation-format '\(text)' is not hex"))
+            }
             request.presentationFormat = bytes
         }
         for key in ["--mac", "--bindkey", "--name"] where options[key] != nil && kind == .gatt {

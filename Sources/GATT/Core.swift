@@ -200,17 +200,17 @@ public enum GATTParseError: Error, Sendable, Equatable, CustomStringConvertible 
 
     public var description: String {
         switch self {
-        case let .truncated(offset, needed, available):
+        case .truncated(let offset, let needed, let available):
             return "truncated at offset \(offset): needed \(needed) octet(s), \(available) available"
-        case let .invalidLength(expected, actual):
+        case .invalidLength(let expected, let actual):
             return "invalid length \(actual): expected \(expected)"
-        case let .invalidValue(field, offset, reason):
+        case .invalidValue(let field, let offset, let reason):
             return "invalid \(field) at offset \(offset): \(reason)"
-        case let .decryptionFailed(reason):
+        case .decryptionFailed(let reason):
             return "decryption failed: \(reason)"
-        case let .notEncodable(reason):
+        case .notEncodable(let reason):
             return "cannot encode: \(reason)"
-        case let .unsupported(reason):
+        case .unsupported(let reason):
             return "unsupported: \(reason)"
         }
     }

@@ -190,7 +190,8 @@ public struct DeclarativeParser: GATTCharacteristicParser {
             if let add = field.add {
                 guard type.isNumeric, add.isFinite else {
                     throw DeclarativeParserError(
-                        path: "\(fieldPath).add", reason: type.isNumeric ? "must be a number" : "only numeric fields have an add")
+                        path: "\(fieldPath).add",
+                        reason: type.isNumeric ? "must be a number" : "only numeric fields have an add")
                 }
             }
             if field.enumNames != nil {
@@ -227,7 +228,8 @@ public struct DeclarativeParser: GATTCharacteristicParser {
         if let toEnd, toEnd.offset < minimumLength {
             throw DeclarativeParserError(
                 path: "\(toEnd.path).offset",
-                reason: "a field without a length runs to the end of the value, so it must come after every other field")
+                reason: "a field without a length runs to the end of the value, so it must come after every other field"
+            )
         }
         self.uuids = [uuid]
         self.name = spec.name

@@ -203,7 +203,9 @@ public struct PresentationFormatDescriptorParser: GATTCharacteristicParser {
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         func field(_ key: String, _ range: ClosedRange<Int64>) throws(GATTParseError) -> Int64 {
             let raw = try value.required(key, in: name)
-            if key == "unit_uuid", let text = raw.stringValue, let uuid = BluetoothUUID(text), let short = uuid.shortValue {
+            if key == "unit_uuid", let text = raw.stringValue, let uuid = BluetoothUUID(text),
+                let short = uuid.shortValue
+            {
                 return Int64(short)
             }
             guard let i = raw.integerValue, range.contains(i) else {

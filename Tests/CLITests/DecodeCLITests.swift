@@ -11,7 +11,9 @@ func blebridge(_ arguments: [String]) throws -> (status: Int32, stdout: String, 
 /// The command line for a vector.
 func decodeArguments(_ vector: GATTVector) -> [String] {
     if vector.kind == "gatt" { return ["decode", "gatt", vector.uuid, vector.payloadHex] }
-    var arguments = ["decode", vector.isManufacturerData ? "manufacturer" : "service-data", vector.uuid, vector.payloadHex]
+    var arguments = [
+        "decode", vector.isManufacturerData ? "manufacturer" : "service-data", vector.uuid, vector.payloadHex,
+    ]
     if let mac = vector.param("mac") { arguments += ["--mac", mac] }
     if let key = vector.param("bindkey") { arguments += ["--bindkey", key] }
     if let name = vector.param("name") { arguments += ["--name", name] }
@@ -33,7 +35,8 @@ func decodeArguments(_ vector: GATTVector) -> [String] {
         #expect(result.stdout.hasSuffix("}\n") && result.stdout.split(separator: "\n").count == 1, "\(vector.id)")
         let json = try JSONValue.parse(result.stdout)
         #expect(json["raw"] == nil, "\(vector.id): no parser")
-        let mismatch = jsonMismatch(expected: .object(vector.expected), actual: json, tolerance: vector.absoluteTolerance)
+        let mismatch = jsonMismatch(
+            expected: .object(vector.expected), actual: json, tolerance: vector.absoluteTolerance)
         #expect(mismatch == nil, "\(vector.id): \(mismatch ?? "") in \(result.stdout)")
 
         if let valueHex = vector.param("value_hex"), let unit = vector.param("value_unit"),
@@ -46,7 +49,8 @@ func decodeArguments(_ vector: GATTVector) -> [String] {
             #expect(value.status == 0, "\(value.stderr)")
             let decoded = try JSONValue.parse(value.stdout)
             #expect(decoded["unit"] == .string(unit))
-            guard case .object(let fields) = decoded, let field = fields.keys.first(where: { $0.hasPrefix("value") }) else {
+            guard case .object(let fields) = decoded, let field = fields.keys.first(where: { $0.hasPrefix("value") })
+            else {
                 Issue.record("no value field in \(value.stdout)")
                 return
             }
@@ -58,7 +62,10 @@ func decodeArguments(_ vector: GATTVector) -> [String] {
         let result = try blebridge(["decode", "gatt", "2A37", "170101"])
         #expect(result.status == 65)
         #expect(result.stdout.isEmpty)
-        #expect(result.stderr == "blebridge decode: heart_rate_measurement (2A37): truncated at offset 3: needed 2 octet(s), 0 available\n")
+        #expect(
+            result.stderr
+                == "blebridge decode: heart_rate_measurement (2A37): truncated at offset 3: needed 2 octet(s), 0 available\n"
+        )
     }
 
     @Test func unknownUUIDsAndCompaniesPassThroughAsRaw() throws {
@@ -84,7 +91,8 @@ func decodeArguments(_ vector: GATTVector) -> [String] {
     }
 
     @Test(arguments: [
-        [String](), ["decode"], ["decode", "gatt", "2A37"], ["decode", "gatt", "2A37", "0G"], ["decode", "ble", "2A37", "00"],
+        [String](), ["decode"], ["decode", "gatt", "2A37"], ["decode", "gatt", "2A37", "0G"],
+        ["decode", "ble", "2A37", "00"],
         ["decode", "gatt", "2A37", "00", "--bogus", "1"], ["decode", "gatt", "2A37", "00", "--presentation-format"],
         ["decode", "gatt", "2A37", "00", "--mac", "AA:BB:CC:DD:EE:FF"], ["decode", "gatt", "not_a_parser", "00"],
         ["decode", "service-data", "FCD2", "40", "--mac", "AA:BB"], ["decode", "manufacturer", "12345", "00"],

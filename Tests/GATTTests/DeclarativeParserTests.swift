@@ -16,7 +16,8 @@ indirect enum MiniYAML: Equatable {
         switch (a, b) {
         case (.scalar(let x), .scalar(let y)): return x == y
         case (.list(let x), .list(let y)): return x == y
-        case (.map(let x), .map(let y)): return x.count == y.count && zip(x, y).allSatisfy { $0.0 == $1.0 && $0.1 == $1.1 }
+        case (.map(let x), .map(let y)):
+            return x.count == y.count && zip(x, y).allSatisfy { $0.0 == $1.0 && $0.1 == $1.1 }
         default: return false
         }
     }
@@ -44,7 +45,8 @@ indirect enum MiniYAML: Equatable {
         return block(&lines, &index, indent: lines.first?.indent ?? 0)
     }
 
-    private static func block(_ lines: inout [(indent: Int, text: String)], _ index: inout Int, indent: Int) -> MiniYAML {
+    private static func block(_ lines: inout [(indent: Int, text: String)], _ index: inout Int, indent: Int) -> MiniYAML
+    {
         if index < lines.count, lines[index].text.hasPrefix("-") {
             var items: [MiniYAML] = []
             while index < lines.count, lines[index].indent == indent, lines[index].text.hasPrefix("-") {
@@ -108,7 +110,9 @@ func specs(from yaml: MiniYAML) throws -> [DeclarativeParserSpec] {
         try DeclarativeParser(DeclarativeParserSpec(name: "test_parser", uuid: "FFF1", fields: fields))
     }
 
-    func field(_ name: String, _ type: String, _ offset: Int, scale: Double? = nil, add: Double? = nil) -> DeclarativeFieldSpec {
+    func field(_ name: String, _ type: String, _ offset: Int, scale: Double? = nil, add: Double? = nil)
+        -> DeclarativeFieldSpec
+    {
         DeclarativeFieldSpec(name: name, type: type, offset: offset, scale: scale, add: add)
     }
 
@@ -131,14 +135,18 @@ func specs(from yaml: MiniYAML) throws -> [DeclarativeParserSpec] {
         var write = reading
         write.fields[4] = GATTField("mode", .string("comfort"))
         #expect(hexString(try climate.encode(write)) == "29094d10020200c87d")
-        let label = try registry.decode(BluetoothUUID("6e400011-b5a3-f393-e0a9-e50e24dcca9e")!, Array("Kitchen\0\0".utf8))
+        let label = try registry.decode(
+            BluetoothUUID("6e400011-b5a3-f393-e0a9-e50e24dcca9e")!, Array("Kitchen\0\0".utf8))
         #expect(label.jsonString == #"{"label":"Kitchen"}"#)
         // Too short: rejected, naming the parser and the offset.
         do {
             _ = try registry.decode(uuid, Array(payload.prefix(7)))
             Issue.record("accepted")
         } catch {
-            #expect(error.description == "acme_climate (6e400010-b5a3-f393-e0a9-e50e24dcca9e): truncated at offset 6: needed 3 octet(s), 1 available")
+            #expect(
+                error.description
+                    == "acme_climate (6e400010-b5a3-f393-e0a9-e50e24dcca9e): truncated at offset 6: needed 3 octet(s), 1 available"
+            )
         }
     }
 
@@ -152,7 +160,8 @@ func specs(from yaml: MiniYAML) throws -> [DeclarativeParserSpec] {
         ("u8", "FE", GATTValue.int(254)), ("s8", "FE", .int(-2)), ("u16", "0102", .int(0x0201)),
         ("u16le", "0102", .int(0x0201)), ("u16be", "0102", .int(0x0102)), ("s16le", "FEFF", .int(-2)),
         ("s16be", "FFFE", .int(-2)), ("u24le", "010203", .int(0x030201)), ("u24be", "010203", .int(0x010203)),
-        ("s24le", "FFFF7F", .int(0x7FFFFF)), ("s24be", "800000", .int(-0x800000)), ("u32le", "FFFFFFFF", .int(0xFFFF_FFFF)),
+        ("s24le", "FFFF7F", .int(0x7FFFFF)), ("s24be", "800000", .int(-0x800000)),
+        ("u32le", "FFFFFFFF", .int(0xFFFF_FFFF)),
         ("u32be", "00000102", .int(0x0102)), ("s32le", "FFFFFFFF", .int(-1)), ("s32be", "80000000", .int(-0x8000_0000)),
         ("sfloat", "6DF1", .double(36.5)), ("sfloat", "FF07", .string("NaN")), ("float", "6C0100FF", .double(36.4)),
         ("utf8", "4869", .string("Hi")), ("hex", "BEEF", .string("beef")), ("bool:bit0", "01", .bool(true)),
@@ -188,17 +197,23 @@ func specs(from yaml: MiniYAML) throws -> [DeclarativeParserSpec] {
             DeclarativeFieldSpec(name: "name", type: "utf8", offset: 0, length: 4), field("n", "u8", 4),
             DeclarativeFieldSpec(name: "tail", type: "hex", offset: 5),
         ])
-        let reading = try p.decode(bytesFromHex("41420000 07 AABB".replacingOccurrences(of: " ", with: ""))!, context: .init())
+        let reading = try p.decode(
+            bytesFromHex("41420000 07 AABB".replacingOccurrences(of: " ", with: ""))!, context: .init())
         #expect(reading.jsonString == #"{"name":"AB","n":7,"tail":"aabb"}"#)
         #expect(hexString(try p.encode(reading)) == "4142000007aabb")
         #expect(throws: GATTParseError.self) {
-            try p.encode(GATTReading([GATTField("name", .string("TOOLONG")), GATTField("n", .int(1)), GATTField("tail", .string(""))]))
+            try p.encode(
+                GATTReading([
+                    GATTField("name", .string("TOOLONG")), GATTField("n", .int(1)), GATTField("tail", .string("")),
+                ]))
         }
     }
 
     @Test func validationNamesThePath() {
         let good = field("a", "u8", 0)
-        func spec(_ fields: [DeclarativeFieldSpec], name: String = "vendor", uuid: String = "FFF1") -> DeclarativeParserSpec {
+        func spec(_ fields: [DeclarativeFieldSpec], name: String = "vendor", uuid: String = "FFF1")
+            -> DeclarativeParserSpec
+        {
             DeclarativeParserSpec(name: name, uuid: uuid, fields: fields)
         }
         func error(_ s: DeclarativeParserSpec) -> String {
@@ -209,16 +224,23 @@ func specs(from yaml: MiniYAML) throws -> [DeclarativeParserSpec] {
                 return error.description
             }
         }
-        #expect(error(spec([good, good.renamed("b"), field("c", "u17", 2)])).hasPrefix(#"parsers[0].fields[2].type: "u17" is not a field type"#))
-        #expect(error(spec([good], uuid: "xyz")) == #"parsers[0].uuid: "xyz" is not a UUID (2A6E, 0x2a6e or 8-4-4-4-12)"#)
+        #expect(
+            error(spec([good, good.renamed("b"), field("c", "u17", 2)])).hasPrefix(
+                #"parsers[0].fields[2].type: "u17" is not a field type"#))
+        #expect(
+            error(spec([good], uuid: "xyz")) == #"parsers[0].uuid: "xyz" is not a UUID (2A6E, 0x2a6e or 8-4-4-4-12)"#)
         #expect(error(spec([good], name: "Bad Name")).hasPrefix("parsers[0].name:"))
         #expect(error(spec([])) == "parsers[0].fields: at least one field is needed")
         #expect(error(spec([good, good])).hasPrefix("parsers[0].fields[1].name:"))
         #expect(error(spec([field("a", "utf8", 0, scale: 2)])).hasPrefix("parsers[0].fields[0].scale:"))
         #expect(error(spec([field("a", "u8", 0, scale: 0)])).hasPrefix("parsers[0].fields[0].scale:"))
         #expect(error(spec([field("a", "u8", -1)])).hasPrefix("parsers[0].fields[0].offset:"))
-        #expect(error(spec([DeclarativeFieldSpec(name: "a", type: "sfloat", offset: 0, enumNames: [0: "x"])])).hasPrefix("parsers[0].fields[0].enum:"))
-        #expect(error(spec([DeclarativeFieldSpec(name: "a", type: "u8", offset: 0, length: 2)])).hasPrefix("parsers[0].fields[0].length:"))
+        #expect(
+            error(spec([DeclarativeFieldSpec(name: "a", type: "sfloat", offset: 0, enumNames: [0: "x"])])).hasPrefix(
+                "parsers[0].fields[0].enum:"))
+        #expect(
+            error(spec([DeclarativeFieldSpec(name: "a", type: "u8", offset: 0, length: 2)])).hasPrefix(
+                "parsers[0].fields[0].length:"))
         #expect(error(spec([field("a", "hex", 0), field("b", "utf8", 1)])).hasPrefix("parsers[0].fields[1].length:"))
         #expect(error(spec([field("a", "hex", 0), field("b", "u8", 1)])).hasPrefix("parsers[0].fields[0].offset:"))
         for bad in ["bool:bit", "bool:bit32", "bool:bitx", "u16xe", "u", "f32", "U8", "sfloatbe"] {

@@ -12,7 +12,10 @@ import Testing
         #expect(MedicalFloat.decodeFLOAT(raw) == .double(value))
     }
 
-    @Test(arguments: [("BDF0", 18.9), ("1EF0", 3.0), ("37C0", 0.0055), ("0180", 1e-8), ("FF0F", -1.0), ("FF77", 2047e7), ("0088", -2048e-8)])
+    @Test(arguments: [
+        ("BDF0", 18.9), ("1EF0", 3.0), ("37C0", 0.0055), ("0180", 1e-8), ("FF0F", -1.0), ("FF77", 2047e7),
+        ("0088", -2048e-8),
+    ])
     func sfloatWorkedExamples(hex: String, value: Double) throws {
         let b = try #require(bytesFromHex(hex))
         #expect(MedicalFloat.decodeSFLOAT(UInt16(b[0]) | UInt16(b[1]) << 8) == .double(value))
@@ -85,7 +88,8 @@ import Testing
         // 2019-12-31 23:58:00 + 5 min; 2020-03-01 00:02:00 - 5 min (leap year).
         let forward = try parser.decode(bytesFromHex("010100E3070C1F173A000500")!, context: .init())
         #expect(forward["timestamp"] == .string("2020-01-01T00:03:00"))
-        let backward = try parser.decode(bytesFromHex("010100E40703010002 00FBFF".replacingOccurrences(of: " ", with: ""))!, context: .init())
+        let backward = try parser.decode(
+            bytesFromHex("010100E40703010002 00FBFF".replacingOccurrences(of: " ", with: ""))!, context: .init())
         #expect(backward["timestamp"] == .string("2020-02-29T23:57:00"))
         #expect(backward["base_time"] == .string("2020-03-01T00:02:00"))
     }

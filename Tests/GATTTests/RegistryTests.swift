@@ -33,8 +33,10 @@ struct FakeParser: GATTCharacteristicParser {
         }
     }
 
-    @Test(arguments: ["2A37", "2a37", "0x2A37", "00002a37", "00002A37-0000-1000-8000-00805F9B34FB",
-        "00002a37000010008000 00805f9b34fb".replacingOccurrences(of: " ", with: "")])
+    @Test(arguments: [
+        "2A37", "2a37", "0x2A37", "00002a37", "00002A37-0000-1000-8000-00805F9B34FB",
+        "00002a37000010008000 00805f9b34fb".replacingOccurrences(of: " ", with: ""),
+    ])
     func lookupByAnyUUIDForm(_ text: String) throws {
         let uuid = try #require(BluetoothUUID(text))
         #expect(sharedRegistry.parser(for: uuid)?.name == "heart_rate_measurement")
@@ -51,9 +53,11 @@ struct FakeParser: GATTCharacteristicParser {
     }
 
     @Test func rejectsMalformedUUIDs() {
-        for text in ["", "2A3", "2A37X", "0x", "12345", "00002a37-0000-1000-8000-00805f9b34f", "0000-2a37-0000-1000-8000-00805f9b34fb",
-            "g0002a37-0000-1000-8000-00805f9b34fb"]
-        {
+        for text in [
+            "", "2A3", "2A37X", "0x", "12345", "00002a37-0000-1000-8000-00805f9b34f",
+            "0000-2a37-0000-1000-8000-00805f9b34fb",
+            "g0002a37-0000-1000-8000-00805f9b34fb",
+        ] {
             #expect(BluetoothUUID(text) == nil, "\(text)")
         }
     }
@@ -78,7 +82,8 @@ struct FakeParser: GATTCharacteristicParser {
     @Test func duplicateUUIDNamesBoth() throws {
         var registry = try GATTParserRegistry.builtIn()
         do {
-            try registry.register(FakeParser(uuids: [BluetoothUUID("00002a6e-0000-1000-8000-00805f9b34fb")!], name: "mine"))
+            try registry.register(
+                FakeParser(uuids: [BluetoothUUID("00002a6e-0000-1000-8000-00805f9b34fb")!], name: "mine"))
             Issue.record("duplicate accepted")
         } catch {
             #expect(error.description.contains("'mine'"))
@@ -97,7 +102,8 @@ struct FakeParser: GATTCharacteristicParser {
 
     @Test func declaredParserCollidingWithBuiltInIsAStartupError() {
         let spec = DeclarativeParserSpec(
-            name: "my_battery", uuid: "2a19", fields: [DeclarativeFieldSpec(name: "battery_pct", type: "u8", offset: 0)])
+            name: "my_battery", uuid: "2a19", fields: [DeclarativeFieldSpec(name: "battery_pct", type: "u8", offset: 0)]
+        )
         do {
             _ = try GATTParserRegistry.builtIn(declaring: [spec])
             Issue.record("accepted")
@@ -114,14 +120,17 @@ struct FakeParser: GATTCharacteristicParser {
         } catch {
             #expect(error.characteristic == "heart_rate_measurement")
             #expect(error.reason == .truncated(offset: 2, needed: 2, available: 0))
-            #expect(error.description == "heart_rate_measurement (2A37): truncated at offset 2: needed 2 octet(s), 0 available")
+            #expect(
+                error.description
+                    == "heart_rate_measurement (2A37): truncated at offset 2: needed 2 octet(s), 0 available")
         }
     }
 
     @Test func presentationFormatDecodesCharacteristicsWithoutParser() throws {
         // sint16, exponent -2, degree Celsius: 0x09C4 -> 25.00 (SPEC.md §3.16).
         let cpf = bytesFromHex("0EFE2F27010000")!
-        let reading = try sharedRegistry.decode(vendorUUID, [0xC4, 0x09], context: GATTDecodeContext(presentationFormat: cpf))
+        let reading = try sharedRegistry.decode(
+            vendorUUID, [0xC4, 0x09], context: GATTDecodeContext(presentationFormat: cpf))
         #expect(reading.jsonString == #"{"value_c":25.0,"unit":"degree_celsius"}"#)
         // A characteristic with a parser of its own keeps it.
         let own = try sharedRegistry.decode(
@@ -129,7 +138,8 @@ struct FakeParser: GATTCharacteristicParser {
         #expect(own.jsonString == #"{"battery_pct":80}"#)
         // A malformed descriptor rejects, naming the descriptor.
         do {
-            _ = try sharedRegistry.decode(vendorUUID, [0xC4, 0x09], context: GATTDecodeContext(presentationFormat: [0x0E]))
+            _ = try sharedRegistry.decode(
+                vendorUUID, [0xC4, 0x09], context: GATTDecodeContext(presentationFormat: [0x0E]))
             Issue.record("accepted")
         } catch {
             #expect(error.characteristic == "characteristic_presentation_format")

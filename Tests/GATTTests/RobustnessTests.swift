@@ -40,7 +40,8 @@ let robustnessTargets: [DecodeTarget] = {
     var targets: [DecodeTarget] = []
     for parser in BuiltInCharacteristicParsers.all {
         targets.append(
-            DecodeTarget(label: parser.name) { bytes in (try? parser.decode(bytes, context: GATTDecodeContext())) != nil })
+            DecodeTarget(label: parser.name) { bytes in (try? parser.decode(bytes, context: GATTDecodeContext())) != nil
+            })
     }
     // The 0x2904 path with every format code, and declared parsers of every field type.
     for format in UInt8(0)...0x1D {
@@ -51,24 +52,29 @@ let robustnessTargets: [DecodeTarget] = {
         DeclarativeParserSpec(
             name: "fuzz_declared", uuid: "FFF1",
             fields: [
-                .init(name: "a", type: "s24be", offset: 0, scale: 0.01, add: 3), .init(name: "b", type: "sfloat", offset: 3),
+                .init(name: "a", type: "s24be", offset: 0, scale: 0.01, add: 3),
+                .init(name: "b", type: "sfloat", offset: 3),
                 .init(name: "c", type: "float", offset: 5, scale: 2), .init(name: "d", type: "bool:bit12", offset: 1),
                 .init(name: "e", type: "u8", offset: 9, enumNames: [1: "one"]),
                 .init(name: "f", type: "utf8", offset: 10, length: 3), .init(name: "g", type: "hex", offset: 13),
             ]))
-    targets.append(DecodeTarget(label: declared.name) { bytes in (try? declared.decode(bytes, context: .init())) != nil })
+    targets.append(
+        DecodeTarget(label: declared.name) { bytes in (try? declared.decode(bytes, context: .init())) != nil })
     // Advertisement parsers, each source, without a cipher, with a pass-through cipher, with and without a MAC.
     let contexts = [
         AdvertisementContext(),
-        AdvertisementContext(mac: "A4:C1:38:8D:18:B2", bindKey: Array(repeating: 0x11, count: 16), cipher: PassThroughCipher()),
-        AdvertisementContext(mac: "A4:C1:38:8D:18:B2", bindKey: Array(repeating: 0x22, count: 12), cipher: PassThroughCipher()),
+        AdvertisementContext(
+            mac: "A4:C1:38:8D:18:B2", bindKey: Array(repeating: 0x11, count: 16), cipher: PassThroughCipher()),
+        AdvertisementContext(
+            mac: "A4:C1:38:8D:18:B2", bindKey: Array(repeating: 0x22, count: 12), cipher: PassThroughCipher()),
     ]
     for parser in BuiltInAdvertisementParsers.all {
         for source in parser.sources {
             for (i, context) in contexts.enumerated() {
-                targets.append(DecodeTarget(label: "\(parser.name) \(source) ctx\(i)") { bytes in
-                    (try? parser.decode(bytes, from: source, context: context)) != nil
-                })
+                targets.append(
+                    DecodeTarget(label: "\(parser.name) \(source) ctx\(i)") { bytes in
+                        (try? parser.decode(bytes, from: source, context: context)) != nil
+                    })
             }
         }
     }
@@ -119,8 +125,12 @@ let robustnessTargets: [DecodeTarget] = {
                 payload = base
                 for _ in 0..<Int.random(in: 1...3, using: &rng) {
                     switch Int.random(in: 0..<4, using: &rng) {
-                    case 0: payload[Int.random(in: 0..<payload.count, using: &rng)] ^= UInt8(1 << Int.random(in: 0..<8, using: &rng))
-                    case 1: payload.insert(UInt8.random(in: 0...255, using: &rng), at: Int.random(in: 0...payload.count, using: &rng))
+                    case 0:
+                        payload[Int.random(in: 0..<payload.count, using: &rng)] ^= UInt8(
+                            1 << Int.random(in: 0..<8, using: &rng))
+                    case 1:
+                        payload.insert(
+                            UInt8.random(in: 0...255, using: &rng), at: Int.random(in: 0...payload.count, using: &rng))
                     case 2: if payload.count > 1 { payload.remove(at: Int.random(in: 0..<payload.count, using: &rng)) }
                     default: payload = Array(payload.prefix(Int.random(in: 0...payload.count, using: &rng)))
                     }
@@ -156,7 +166,9 @@ let robustnessTargets: [DecodeTarget] = {
             } else {
                 let uuid = uuids.randomElement(using: &rng)!
                 let cpf = i % 8 == 0 ? Array(payload.prefix(7)) : nil
-                outcomes[(try? sharedRegistry.decode(uuid, payload, context: GATTDecodeContext(presentationFormat: cpf))) == nil ? 0 : 1] += 1
+                outcomes[
+                    (try? sharedRegistry.decode(uuid, payload, context: GATTDecodeContext(presentationFormat: cpf)))
+                        == nil ? 0 : 1] += 1
             }
         }
         #expect(outcomes[0] > 1000 && outcomes[1] > 1000)

@@ -122,7 +122,9 @@ public func jsonMismatch(expected: JSONValue, actual: JSONValue?, tolerance: Dou
         if actual == nil || actual == .null { return nil }
         return "\(path): expected null or absent, got \(actual!)"
     case .number(let e):
-        guard case .number(let a)? = actual else { return "\(path): expected \(e), got \(actual.map(\.description) ?? "nothing")" }
+        guard case .number(let a)? = actual else {
+            return "\(path): expected \(e), got \(actual.map(\.description) ?? "nothing")"
+        }
         return abs(e - a) <= max(tolerance, 1e-9 * abs(e)) ? nil : "\(path): expected \(e), got \(a)"
     case .bool, .string:
         return expected == actual ? nil : "\(path): expected \(expected), got \(actual.map(\.description) ?? "nothing")"

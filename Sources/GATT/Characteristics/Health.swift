@@ -18,7 +18,8 @@ public struct WeightMeasurementParser: GATTCharacteristicParser {
         let weightValue: GATTValue =
             weight == 0xFFFF
             ? .null
-            : .double(imperial ? scaledDecimal(Int64(weight), exponent: -2) : scaledDecimal(Int64(weight) * 5, exponent: -3))
+            : .double(
+                imperial ? scaledDecimal(Int64(weight), exponent: -2) : scaledDecimal(Int64(weight) * 5, exponent: -3))
         reading.append(imperial ? "weight_lb" : "weight_kg", weightValue)
         if flags & 0x02 != 0 {
             try GATTDateTime.read(&cursor).append(to: &reading)
@@ -103,7 +104,8 @@ public struct BloodPressureParser: GATTCharacteristicParser {
         reading.append(kpa ? "systolic_kpa" : "systolic_mmhg", MedicalFloat.decodeSFLOAT(try cursor.u16()))
         reading.append(kpa ? "diastolic_kpa" : "diastolic_mmhg", MedicalFloat.decodeSFLOAT(try cursor.u16()))
         reading.append(
-            kpa ? "mean_arterial_pressure_kpa" : "mean_arterial_pressure_mmhg", MedicalFloat.decodeSFLOAT(try cursor.u16()))
+            kpa ? "mean_arterial_pressure_kpa" : "mean_arterial_pressure_mmhg",
+            MedicalFloat.decodeSFLOAT(try cursor.u16()))
         if flags & 0x02 != 0 {
             try GATTDateTime.read(&cursor).append(to: &reading)
         } else {

@@ -123,7 +123,8 @@ public struct TemperatureMeasurementParser: GATTCharacteristicParser {
             flags |= 0x01
             body.u32(try MedicalFloat.encodeFLOAT(fahrenheit, field: "temperature_f"))
         } else {
-            body.u32(try MedicalFloat.encodeFLOAT(try value.required("temperature_c", in: name), field: "temperature_c"))
+            body.u32(
+                try MedicalFloat.encodeFLOAT(try value.required("temperature_c", in: name), field: "temperature_c"))
         }
         if value.has("timestamp") || value.has("timestamp_fields") {
             flags |= 0x02

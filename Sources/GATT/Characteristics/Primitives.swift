@@ -394,7 +394,9 @@ struct ByteWriter {
         for k in 0..<width { bytes.append(UInt8(truncatingIfNeeded: v >> (8 * UInt64(k)))) }
     }
     mutating func uintBE(_ v: UInt64, _ width: Int) {
-        for k in stride(from: width - 1, through: 0, by: -1) { bytes.append(UInt8(truncatingIfNeeded: v >> (8 * UInt64(k)))) }
+        for k in stride(from: width - 1, through: 0, by: -1) {
+            bytes.append(UInt8(truncatingIfNeeded: v >> (8 * UInt64(k))))
+        }
     }
 
     /// Writes `round(value × multiplier)` as an integer of `width` octets, checking the range.

@@ -55,7 +55,8 @@ public struct ScalarCharacteristicParser: GATTCharacteristicParser {
         if raw == notKnown {
             reading.append(field, .null)
         } else {
-            reading.append(field, decimalExponent == 0 ? .int(raw) : .double(scaledDecimal(raw, exponent: decimalExponent)))
+            reading.append(
+                field, decimalExponent == 0 ? .int(raw) : .double(scaledDecimal(raw, exponent: decimalExponent)))
         }
         if let saturatedAt { reading.append("\(field)_saturated", .bool(raw == saturatedAt)) }
         if let names { reading.append("\(field)_name", names(Int(raw))) }
@@ -79,7 +80,8 @@ public struct ScalarCharacteristicParser: GATTCharacteristicParser {
             throw .notEncodable("\(name): \(field) \(number) is outside \(validRange)")
         }
         try writer.scaled(
-            fieldValue, multiplier: decimalExponent <= 0 ? powerOfTen(-decimalExponent) : 1 / powerOfTen(decimalExponent),
+            fieldValue,
+            multiplier: decimalExponent <= 0 ? powerOfTen(-decimalExponent) : 1 / powerOfTen(decimalExponent),
             width: width, signed: signed, field: field)
         return writer.bytes
     }

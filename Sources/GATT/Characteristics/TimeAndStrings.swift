@@ -46,9 +46,12 @@ public struct CurrentTimeParser: GATTCharacteristicParser {
         var writer = ByteWriter(capacity: 10)
         try GATTDateTime.from(value).write(to: &writer, field: "timestamp")
         let dayOfWeek = value["day_of_week"] ?? .null
-        try writer.scaled(dayOfWeek == .null ? .int(0) : dayOfWeek, multiplier: 1, width: 1, signed: false, field: "day_of_week")
-        try writer.scaled(value["fractions256"] ?? .int(0), multiplier: 1, width: 1, signed: false, field: "fractions256")
-        try writer.scaled(value["adjust_reason"] ?? .int(0), multiplier: 1, width: 1, signed: false, field: "adjust_reason")
+        try writer.scaled(
+            dayOfWeek == .null ? .int(0) : dayOfWeek, multiplier: 1, width: 1, signed: false, field: "day_of_week")
+        try writer.scaled(
+            value["fractions256"] ?? .int(0), multiplier: 1, width: 1, signed: false, field: "fractions256")
+        try writer.scaled(
+            value["adjust_reason"] ?? .int(0), multiplier: 1, width: 1, signed: false, field: "adjust_reason")
         return writer.bytes
     }
 }
@@ -111,7 +114,8 @@ public struct PnPIDParser: GATTCharacteristicParser {
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         var writer = ByteWriter(capacity: 7)
         for (field, width) in [("vendor_id_source", 1), ("vendor_id", 2), ("product_id", 2), ("product_version", 2)] {
-            try writer.scaled(try value.required(field, in: name), multiplier: 1, width: width, signed: false, field: field)
+            try writer.scaled(
+                try value.required(field, in: name), multiplier: 1, width: width, signed: false, field: field)
         }
         return writer.bytes
     }
