@@ -12,6 +12,7 @@ public struct DeclarativeParserSpec: Sendable, Equatable {
     /// The fields, in publishing order.
     public var fields: [DeclarativeFieldSpec]
 
+    /// A declaration; `DeclarativeParser.init` validates it.
     public init(name: String, uuid: String, fields: [DeclarativeFieldSpec]) {
         self.name = name
         self.uuid = uuid
@@ -30,6 +31,7 @@ public struct DeclarativeFieldSpec: Sendable, Equatable {
     public var offset: Int
     /// value = raw × scale + add (numeric types only).
     public var scale: Double?
+    /// Added after scaling.
     public var add: Double?
     /// Names for raw integer values; publishes `<name>` (the integer) and `<name>_name`.
     public var enumNames: [Int64: String]?
@@ -54,8 +56,10 @@ public struct DeclarativeFieldSpec: Sendable, Equatable {
 public struct DeclarativeParserError: Error, Sendable, Equatable, CustomStringConvertible {
     /// `parsers[0].fields[2].type`
     public let path: String
+    /// What is wrong (`"u17" is not a field type`).
     public let reason: String
 
+    /// An error at `path`.
     public init(path: String, reason: String) {
         self.path = path
         self.reason = reason

@@ -17,6 +17,7 @@ public struct PresentationFormat: Sendable, Equatable {
     /// The descriptor's UUID, 0x2904.
     public static let uuid = BluetoothUUID(UInt16(0x2904))
 
+    /// A descriptor from its parts.
     public init(format: UInt8, exponent: Int8, unit: UInt16, namespace: UInt8 = 1, description: UInt16 = 0) {
         self.format = format
         self.exponent = exponent

@@ -11,10 +11,12 @@ public struct GATTRegistryError: Error, Sendable, Equatable, CustomStringConvert
 public struct GATTDecodeError: Error, Sendable, Equatable, CustomStringConvertible {
     /// The parser's name, or `characteristic_presentation_format` when the 0x2904 descriptor did the decoding.
     public let characteristic: String
+    /// The characteristic's UUID.
     public let uuid: BluetoothUUID
     /// What was wrong, with the offset.
     public let reason: GATTParseError
 
+    /// An error for `characteristic` (a parser name) at `uuid`.
     public init(characteristic: String, uuid: BluetoothUUID, reason: GATTParseError) {
         self.characteristic = characteristic
         self.uuid = uuid

@@ -191,13 +191,20 @@ extension GATTValue {
 
 /// The 7-octet GATT Date Time (SPEC.md §2).
 public struct GATTDateTime: Sendable, Equatable {
+    /// 1582...9999, 0 = not known.
     public var year: Int
+    /// 1...12, 0 = not known.
     public var month: Int
+    /// 1...31, 0 = not known.
     public var day: Int
+    /// 0...23.
     public var hours: Int
+    /// 0...59.
     public var minutes: Int
+    /// 0...59.
     public var seconds: Int
 
+    /// A Date Time from its parts (not validated; see `isComplete`).
     public init(year: Int, month: Int, day: Int, hours: Int, minutes: Int, seconds: Int) {
         self.year = year
         self.month = month

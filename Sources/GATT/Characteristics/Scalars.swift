@@ -10,6 +10,7 @@ public struct ScalarCharacteristicParser: GATTCharacteristicParser {
     public let field: String
     /// Octets (1...4), little-endian.
     public let width: Int
+    /// Two's complement when true.
     public let signed: Bool
     /// value = raw × 10^decimalExponent; 0 publishes an integer.
     public let decimalExponent: Int
