@@ -30,7 +30,8 @@ func sameValue(_ x: GATTValue, _ y: GATTValue) -> Bool {
 let parsersThatEncode: Set<String> = [
     "heart_rate_measurement", "temperature_measurement", "intermediate_temperature", "csc_measurement",
     "rsc_measurement", "cycling_power_measurement", "weight_measurement", "blood_pressure_measurement",
-    "intermediate_cuff_pressure", "date_time", "current_time", "pnp_id", "appearance",
+    "intermediate_cuff_pressure", "plx_spot_check_measurement", "plx_continuous_measurement", "glucose_measurement",
+    "date_time", "current_time", "pnp_id", "appearance",
     "characteristic_presentation_format", "body_sensor_location", "temperature_type", "battery_level",
     "temperature", "humidity", "pressure", "elevation", "uv_index", "illuminance", "co2_concentration",
     "pm25_concentration", "pm1_concentration", "pm10_concentration", "device_name", "manufacturer_name",
@@ -81,7 +82,10 @@ let parsersThatEncode: Set<String> = [
             "FF1FF6FF64400039300000000890010004"
                 + "0A00F6FF40001000BC010205000A001E00"
         ), ("2A9D", "0E803EE5070C190E1E2D01FA000807"), ("2A9D", "00FFFF"),
-        ("2A35", "1E8A00580078000000041114293B3C00012700"), ("2A35", "0078005000FF07"), ("2A08", "E20704110F3300"),
+        ("2A35", "1E8A00580078000000041114293B3C00012700"), ("2A35", "0078005000FF07"), ("2A5F", "0062004800"),
+        ("2A5F", "1F6200480061004700600046002700010203FF07"), ("2A5E", "1F61004B00E7070C190E1E2D01000203040500"),
+        ("2A18", "1B0100E307021B0B0A1EFBFF1E00120501"), ("2A18", "060300E307021B0B0A1E37C011"),
+        ("2A08", "E20704110F3300"),
         ("2A2B", "E907010F0E1E2D032101"), ("2A29", "536F6369C3A974C3A9"), ("2A00", "53656E736F72"),
         ("2A01", "4103"), ("2A50", "015900341201FF"), ("2904", "16002F27010D01"),
     ])

@@ -178,6 +178,43 @@ public struct PLXSpotCheckParser: GATTCharacteristicParser {
         reading.append("device_clock_not_set", .bool(flags & 0x10 != 0))
         return reading
     }
+
+    public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
+        var flags: UInt8 = 0
+        var body = ByteWriter()
+        try writeSFLOAT(value, "spo2_pct", in: name, to: &body)
+        try writeSFLOAT(value, "pulse_rate_bpm", in: name, to: &body)
+        if value.has("timestamp") || value.has("timestamp_fields") {
+            flags |= 0x01
+            try GATTDateTime.from(value).write(to: &body, field: "timestamp")
+        }
+        if value.has("measurement_status") {
+            flags |= 0x02
+            try body.scaled(
+                value["measurement_status"] ?? .null, multiplier: 1, width: 2, signed: false,
+                field: "measurement_status")
+        }
+        if value.has("device_and_sensor_status") {
+            flags |= 0x04
+            try body.scaled(
+                value["device_and_sensor_status"] ?? .null, multiplier: 1, width: 3, signed: false,
+                field: "device_and_sensor_status")
+        }
+        if value.has("pulse_amplitude_index_pct") {
+            flags |= 0x08
+            try writeSFLOAT(value, "pulse_amplitude_index_pct", in: name, to: &body)
+        }
+        if value["device_clock_not_set"]?.boolValue == true { flags |= 0x10 }
+        return [flags] + body.bytes
+    }
+}
+
+/// Writes the SFLOAT field `field` (a number or a special-value string; null is sent as NaN).
+func writeSFLOAT(_ value: GATTReading, _ field: String, in parser: String, to writer: inout ByteWriter)
+    throws(GATTParseError)
+{
+    guard let fieldValue = value[field] else { throw .notEncodable("\(parser): field \(field) is missing") }
+    writer.u16(fieldValue == .null ? 0x07FF : try MedicalFloat.encodeSFLOAT(fieldValue, field: field))
 }
 
 /// PLX Continuous Measurement 0x2A5F: SpO2/PR normal, fast and slow, status, device status, PAI.
@@ -206,6 +243,40 @@ public struct PLXContinuousParser: GATTCharacteristicParser {
         reading.append(
             "pulse_amplitude_index_pct", flags & 0x10 != 0 ? MedicalFloat.decodeSFLOAT(try cursor.u16()) : .null)
         return reading
+    }
+
+    public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
+        var flags: UInt8 = 0
+        var body = ByteWriter()
+        try writeSFLOAT(value, "spo2_pct", in: name, to: &body)
+        try writeSFLOAT(value, "pulse_rate_bpm", in: name, to: &body)
+        if value["spo2_fast_pct"] != nil {
+            flags |= 0x01
+            try writeSFLOAT(value, "spo2_fast_pct", in: name, to: &body)
+            try writeSFLOAT(value, "pulse_rate_fast_bpm", in: name, to: &body)
+        }
+        if value["spo2_slow_pct"] != nil {
+            flags |= 0x02
+            try writeSFLOAT(value, "spo2_slow_pct", in: name, to: &body)
+            try writeSFLOAT(value, "pulse_rate_slow_bpm", in: name, to: &body)
+        }
+        if value.has("measurement_status") {
+            flags |= 0x04
+            try body.scaled(
+                value["measurement_status"] ?? .null, multiplier: 1, width: 2, signed: false,
+                field: "measurement_status")
+        }
+        if value.has("device_and_sensor_status") {
+            flags |= 0x08
+            try body.scaled(
+                value["device_and_sensor_status"] ?? .null, multiplier: 1, width: 3, signed: false,
+                field: "device_and_sensor_status")
+        }
+        if value.has("pulse_amplitude_index_pct") {
+            flags |= 0x10
+            try writeSFLOAT(value, "pulse_amplitude_index_pct", in: name, to: &body)
+        }
+        return [flags] + body.bytes
     }
 }
 
@@ -257,5 +328,42 @@ public struct GlucoseMeasurementParser: GATTCharacteristicParser {
         reading.append("sensor_status_annunciation", flags & 0x08 != 0 ? .int(Int64(try cursor.u16())) : .null)
         reading.append("context_information_follows", .bool(flags & 0x10 != 0))
         return reading
+    }
+
+    public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
+        var flags: UInt8 = 0
+        var body = ByteWriter()
+        try body.scaled(
+            try value.required("sequence_number", in: name), multiplier: 1, width: 2, signed: false,
+            field: "sequence_number")
+        try GATTDateTime.from(value, name: "base_time").write(to: &body, field: "base_time")
+        if value.has("time_offset_min") {
+            flags |= 0x01
+            try body.scaled(
+                value["time_offset_min"] ?? .null, multiplier: 1, width: 2, signed: true, field: "time_offset_min")
+        }
+        let molar = value["glucose_concentration_mol_l"] != nil
+        let concentrationField = molar ? "glucose_concentration_mol_l" : "glucose_concentration_kg_l"
+        if value[concentrationField] != nil {
+            flags |= molar ? 0x06 : 0x02
+            try writeSFLOAT(value, concentrationField, in: name, to: &body)
+            var type = value["glucose_type"]?.integerValue
+            if type == nil, let text = value["glucose_type_name"]?.stringValue {
+                type = Self.typeNames.value(named: text).map(Int64.init)
+            }
+            let location = value["sample_location"]?.integerValue ?? 0x0F
+            guard let type, (0...15).contains(type), (0...15).contains(location) else {
+                throw .notEncodable("\(name): glucose_type and sample_location must be 0...15")
+            }
+            body.u8(UInt8(location << 4 | type))
+        }
+        if value.has("sensor_status_annunciation") {
+            flags |= 0x08
+            try body.scaled(
+                value["sensor_status_annunciation"] ?? .null, multiplier: 1, width: 2, signed: false,
+                field: "sensor_status_annunciation")
+        }
+        if value["context_information_follows"]?.boolValue == true { flags |= 0x10 }
+        return [flags] + body.bytes
     }
 }
