@@ -209,7 +209,8 @@ public enum GATTParseError: Error, Sendable, Equatable, CustomStringConvertible 
         case .truncated(let offset, let needed, let available):
             return "truncated at offset \(offset): needed \(needed) octet(s), \(available) available"
         case .invalidLength(let expected, let actual):
-            return "invalid length \(actual): expected \(expected)"
+            // The offset where the value ends, so every rejection names one.
+            return "invalid length \(actual): expected \(expected) (the value ends at offset \(actual))"
         case .invalidValue(let field, let offset, let reason):
             return "invalid \(field) at offset \(offset): \(reason)"
         case .decryptionFailed(let reason):

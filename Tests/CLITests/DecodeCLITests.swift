@@ -66,6 +66,16 @@ func decodeArguments(_ vector: GATTVector) -> [String] {
             result.stderr
                 == "blebridge decode: heart_rate_measurement (2A37): truncated at offset 3: needed 2 octet(s), 0 available\n"
         )
+        let long = try blebridge(["decode", "gatt", "2A19", "6400"])
+        #expect(long.status == 65 && long.stdout.isEmpty)
+        #expect(long.stderr.hasPrefix("blebridge decode: battery_level (2A19): invalid length 2"))
+        #expect(long.stderr.contains("offset 2"))
+        // Every GATT rejection names the characteristic and an offset.
+        for vector in GATTVectors.gatt where vector.mustReject {
+            let rejected = try blebridge(decodeArguments(vector))
+            #expect(rejected.stderr.contains("offset"), "\(vector.id): \(rejected.stderr)")
+            #expect(rejected.stderr.contains("(\(vector.uuid))"), "\(vector.id): \(rejected.stderr)")
+        }
     }
 
     @Test func unknownUUIDsAndCompaniesPassThroughAsRaw() throws {
