@@ -154,6 +154,12 @@ func specs(from yaml: MiniYAML) throws -> [DeclarativeParserSpec] {
         let doc = try String(contentsOf: Fixtures.config("PARSERS.md"), encoding: .utf8)
         #expect(doc.contains("29094D10020100C87D"))
         #expect(doc.contains("example-parsers.yaml"))
+        // The table of built-in parsers lists every one of them.
+        for parser in BuiltInCharacteristicParsers.all {
+            let short = parser.name.replacingOccurrences(of: "_concentration", with: "_")
+            #expect(
+                doc.contains("`\(parser.name)`") || doc.contains("`\(short)…`"), "\(parser.name) is not in PARSERS.md")
+        }
     }
 
     @Test(arguments: [
