@@ -6,6 +6,7 @@
 public struct BluetoothUUID: Hashable, Sendable, Comparable, CustomStringConvertible {
     /// The 128 bits, most significant first.
     public let high: UInt64
+    /// The low 64 bits.
     public let low: UInt64
 
     static let baseHigh: UInt64 = 0x0000_0000_0000_1000
@@ -95,7 +96,10 @@ func hex(_ value: UInt64, _ digits: Int) -> String {
 }
 
 /// One decoded value, ready to become JSON.
-public indirect enum GATTValue: Sendable, Equatable {
+///
+/// Not `indirect`: arrays and nested readings already live in heap storage, and boxing every scalar would cost an
+/// allocation per field on the hot decode path.
+public enum GATTValue: Sendable, Equatable {
     case null
     case bool(Bool)
     case int(Int64)
@@ -107,8 +111,11 @@ public indirect enum GATTValue: Sendable, Equatable {
 
 /// One named field of a reading.
 public struct GATTField: Sendable, Equatable {
+    /// The published name (SPEC.md §1: snake_case, unit as a suffix).
     public var name: String
+    /// The value.
     public var value: GATTValue
+    /// A field called `name` holding `value`.
     public init(_ name: String, _ value: GATTValue) {
         self.name = name
         self.value = value
@@ -117,8 +124,10 @@ public struct GATTField: Sendable, Equatable {
 
 /// An ordered set of named fields (SPEC.md §1 names), in the order they should be published.
 public struct GATTReading: Sendable, Equatable {
+    /// The fields, in publishing order.
     public var fields: [GATTField]
 
+    /// A reading with these fields.
     public init(_ fields: [GATTField] = []) { self.fields = fields }
 
     /// Reserves room for `count` fields (avoids regrowth in hot decoders).
@@ -197,17 +206,18 @@ public enum GATTParseError: Error, Sendable, Equatable, CustomStringConvertible 
 
     public var description: String {
         switch self {
-        case let .truncated(offset, needed, available):
+        case .truncated(let offset, let needed, let available):
             return "truncated at offset \(offset): needed \(needed) octet(s), \(available) available"
-        case let .invalidLength(expected, actual):
-            return "invalid length \(actual): expected \(expected)"
-        case let .invalidValue(field, offset, reason):
+        case .invalidLength(let expected, let actual):
+            // The offset where the value ends, so every rejection names one.
+            return "invalid length \(actual): expected \(expected) (the value ends at offset \(actual))"
+        case .invalidValue(let field, let offset, let reason):
             return "invalid \(field) at offset \(offset): \(reason)"
-        case let .decryptionFailed(reason):
+        case .decryptionFailed(let reason):
             return "decryption failed: \(reason)"
-        case let .notEncodable(reason):
+        case .notEncodable(let reason):
             return "cannot encode: \(reason)"
-        case let .unsupported(reason):
+        case .unsupported(let reason):
             return "unsupported: \(reason)"
         }
     }
@@ -215,10 +225,12 @@ public enum GATTParseError: Error, Sendable, Equatable, CustomStringConvertible 
 
 /// A bounds-checked little-endian (or big-endian) reader over a byte array. Never traps.
 public struct ByteCursor: Sendable {
+    /// The whole payload.
     public let bytes: [UInt8]
     /// The offset of the next octet to read.
     public private(set) var offset: Int
 
+    /// A cursor over `bytes`, starting at `offset`.
     public init(_ bytes: [UInt8], offset: Int = 0) {
         self.bytes = bytes
         self.offset = offset
@@ -226,6 +238,7 @@ public struct ByteCursor: Sendable {
 
     /// Octets left to read.
     @inlinable public var remaining: Int { bytes.count - offset }
+    /// True when nothing is left to read.
     public var isAtEnd: Bool { offset >= bytes.count }
 
     @inline(__always)
@@ -238,11 +251,13 @@ public struct ByteCursor: Sendable {
         return start
     }
 
+    /// One unsigned octet; throws `truncated` at the end.
     public mutating func u8() throws(GATTParseError) -> UInt8 {
         let i = try take(1)
         return bytes[i]
     }
 
+    /// One signed octet.
     public mutating func s8() throws(GATTParseError) -> Int8 { Int8(bitPattern: try u8()) }
 
     /// An unsigned little-endian integer of `width` octets (1...8).
@@ -271,6 +286,7 @@ public struct ByteCursor: Sendable {
         signExtend(try uintBE(width), bits: width * 8)
     }
 
+    /// Little-endian fixed-width integers; each throws `truncated` (with the offset) when too few octets remain.
     public mutating func u16() throws(GATTParseError) -> UInt16 { UInt16(truncatingIfNeeded: try uintLE(2)) }
     public mutating func s16() throws(GATTParseError) -> Int16 { Int16(truncatingIfNeeded: try sintLE(2)) }
     public mutating func u24() throws(GATTParseError) -> UInt32 { UInt32(truncatingIfNeeded: try uintLE(3)) }
@@ -307,6 +323,7 @@ public func signExtend(_ raw: UInt64, bits: Int) -> Int64 {
 public struct GATTDecodeContext: Sendable {
     /// The raw 0x2904 Characteristic Presentation Format descriptor value, when the characteristic has one.
     public var presentationFormat: [UInt8]?
+    /// A context, optionally with the characteristic's 0x2904 descriptor value.
     public init(presentationFormat: [UInt8]? = nil) { self.presentationFormat = presentationFormat }
 }
 
