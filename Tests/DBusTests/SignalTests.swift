@@ -52,6 +52,43 @@ func members(until stream: DBusSignalStream) async -> [String] {
         #expect(await senderIterator.next()?.sender == emitter.uniqueName)
     }
 
+    /// The bus's own count of this connection's match rules (dbus-daemon's Debug.Stats interface).
+    func matchRuleCount(_ connection: DBusConnection) async throws -> UInt32? {
+        let stats = try await connection.call(
+            destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus",
+            interface: "org.freedesktop.DBus.Debug.Stats", method: "GetConnectionStats",
+            arguments: [.string(connection.uniqueName)])
+        return stats.first?.stringVariantDictionary?["MatchRules"]?.uint32
+    }
+
+    @Test func droppedStreamsRemoveTheirMatchRules() async throws {
+        let fixture = try BusFixture()
+        let connection = try fixture.connect()
+        let before = try #require(try await matchRuleCount(connection))
+        do {
+            let unused = try await connection.signals(matching: DBusMatchRule(interface: "org.example.Unused"))
+            _ = unused
+            #expect(try await matchRuleCount(connection) == before + 1)
+        }
+        #expect(try await matchRuleCount(connection) == before)
+        do {
+            let iterated = try await connection.signals(matching: DBusMatchRule(interface: "org.example.Iterated"))
+            try connection.emitSignal(path: "/i", interface: "org.example.Iterated", name: "S")
+            var iterator = iterated.makeAsyncIterator()
+            #expect(await iterator.next()?.member == "S")
+            #expect(try await matchRuleCount(connection) == before + 1)
+        }
+        #expect(try await matchRuleCount(connection) == before)
+        let task = Task {
+            let owners = try await connection.nameOwnerChanges("org.example.Watched")
+            for await _ in owners {}
+        }
+        while try await matchRuleCount(connection) == before { try await Task.sleep(for: .milliseconds(5)) }
+        task.cancel()
+        _ = await task.result
+        #expect(try await matchRuleCount(connection) == before)
+    }
+
     @Test func aSignalMatchedTwiceReachesBothStreams() async throws {
         let fixture = try BusFixture()
         let connection = try fixture.connect()
