@@ -601,7 +601,14 @@ final class ConnectionCore: @unchecked Sendable {
     }
 
     private func finishShutdown() {
-        if dbus_connection_get_is_connected(connection) != 0 { dbus_connection_flush(connection) }
+        // Write out what is still queued, but never hang on a stuck bus: at most about a second.
+        var rounds = 0
+        while rounds < 20, dbus_connection_get_is_connected(connection) != 0,
+            dbus_connection_has_messages_to_send(connection) != 0
+        {
+            _ = dbus_connection_read_write(connection, 50)
+            rounds += 1
+        }
         dbus_connection_close(connection)
         dispatchAll()
         markDisconnected()

@@ -215,6 +215,23 @@ func members(until stream: DBusSignalStream) async -> [String] {
         server.close()
     }
 
+    @Test func closeWritesOutWhatWasQueued() async throws {
+        let fixture = try BusFixture()
+        let listener = try fixture.connect()
+        let stream = try await listener.signals(matching: DBusMatchRule(interface: "org.example.Last"))
+        let sender = try fixture.connect()
+        for index in 0..<100 {
+            try sender.emitSignal(path: "/l", interface: "org.example.Last", name: "Word", arguments: [.int32(Int32(index))])
+        }
+        sender.close()
+        var received: [Int32] = []
+        for await message in stream {
+            received.append(message.body.first?.int32 ?? -1)
+            if received.count == 100 { break }
+        }
+        #expect(received == Array(0..<100))
+    }
+
     @Test func connectingToNothingFails() {
         #expect(throws: DBusError.self) { try DBusConnection(.address("unix:path=/nonexistent/socket")) }
         #expect(throws: DBusError.self) { try DBusConnection(.address("nonsense")) }
