@@ -261,7 +261,7 @@ public final class DBusConnection: Sendable {
         try Names.busName(name)
         do {
             return try await core.callBus("GetNameOwner", [.string(name)]).first?.string
-        } catch where error.name == DBusError.nameHasNoOwner {
+        } catch  where error.name == DBusError.nameHasNoOwner {
             return nil
         }
     }
@@ -300,7 +300,8 @@ extension DBusValue {
     var containsFileDescriptor: Bool {
         switch self {
         case .unixFD: return true
-        case .array(let sig, let elements): return sig.rawValue.contains("h") && elements.contains { $0.containsFileDescriptor }
+        case .array(let sig, let elements):
+            return sig.rawValue.contains("h") && elements.contains { $0.containsFileDescriptor }
         case .dictionary(_, _, let entries):
             return entries.contains { $0.key.containsFileDescriptor || $0.value.containsFileDescriptor }
         case .structure(let fields): return fields.contains { $0.containsFileDescriptor }

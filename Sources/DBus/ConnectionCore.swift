@@ -66,7 +66,10 @@ final class PendingCall: @unchecked Sendable {
     }
 
     var isCompleted: Bool {
-        state.withLock { if case .initial = $0 { return false } else if case .waiting = $0 { return false }; return true }
+        state.withLock {
+            if case .initial = $0 { return false } else if case .waiting = $0 { return false }
+            return true
+        }
     }
 
     /// Waits for the outcome; cancellation completes the call with ``DBusError/cancelled`` and cancels it in libdbus.
@@ -510,7 +513,8 @@ final class ConnectionCore: @unchecked Sendable {
             dbus_pending_call_cancel(handle)
             dbus_pending_call_unref(handle)
             pending.handle = nil
-            pending.complete(.failure(DBusError(name: DBusError.noMemory, message: "dbus_pending_call_set_notify failed")))
+            pending.complete(
+                .failure(DBusError(name: DBusError.noMemory, message: "dbus_pending_call_set_notify failed")))
         }
     }
 

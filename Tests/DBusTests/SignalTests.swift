@@ -1,7 +1,7 @@
 import DBus
 import Foundation
-import Testing
 import TestSupport
+import Testing
 
 /// Collects the members of a stream's signals until one named `End`.
 func members(until stream: DBusSignalStream) async -> [String] {
@@ -221,7 +221,8 @@ func members(until stream: DBusSignalStream) async -> [String] {
         let stream = try await listener.signals(matching: DBusMatchRule(interface: "org.example.Last"))
         let sender = try fixture.connect()
         for index in 0..<100 {
-            try sender.emitSignal(path: "/l", interface: "org.example.Last", name: "Word", arguments: [.int32(Int32(index))])
+            try sender.emitSignal(
+                path: "/l", interface: "org.example.Last", name: "Word", arguments: [.int32(Int32(index))])
         }
         sender.close()
         var received: [Int32] = []
@@ -303,8 +304,11 @@ func members(until stream: DBusSignalStream) async -> [String] {
         let sent = await emitter.value
         let elapsed = ContinuousClock.now - start
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-        let sendSeconds = Double((sent - start).components.seconds) + Double((sent - start).components.attoseconds) / 1e18
-        print("burst: \(count) PropertiesChanged in \(seconds) s = \(Int(Double(count) / seconds))/s received; emitted at \(Int(Double(count) / sendSeconds))/s")
+        let sendSeconds =
+            Double((sent - start).components.seconds) + Double((sent - start).components.attoseconds) / 1e18
+        print(
+            "burst: \(count) PropertiesChanged in \(seconds) s = \(Int(Double(count) / seconds))/s received; emitted at \(Int(Double(count) / sendSeconds))/s"
+        )
         #expect(received == count)
         #expect(inOrder)
     }
