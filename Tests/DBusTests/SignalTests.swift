@@ -89,6 +89,24 @@ func members(until stream: DBusSignalStream) async -> [String] {
         #expect(try await matchRuleCount(connection) == before)
     }
 
+    @Test func aWellKnownSenderRuleOnlyGetsTheOwnersSignals() async throws {
+        let fixture = try BusFixture()
+        let listener = try fixture.connect()
+        let owner = try fixture.connect()
+        let other = try fixture.connect()
+        #expect(try await owner.requestName("org.example.Named") == .primaryOwner)
+        let named = try await listener.signals(
+            matching: DBusMatchRule(sender: "org.example.Named", interface: "org.example.Sig"))
+        let everyone = try await listener.signals(matching: DBusMatchRule(interface: "org.example.Sig"))
+        var everyoneIterator = everyone.makeAsyncIterator()
+        try other.emitSignal(path: "/s", interface: "org.example.Sig", name: "FromOther")
+        #expect(await everyoneIterator.next()?.member == "FromOther")
+        try owner.emitSignal(path: "/s", interface: "org.example.Sig", name: "FromOwner")
+        try owner.emitSignal(path: "/s", interface: "org.example.Sig", name: "End")
+        #expect(await members(until: named) == ["FromOwner"])
+        #expect(await everyoneIterator.next()?.member == "FromOwner")
+    }
+
     @Test func aSignalMatchedTwiceReachesBothStreams() async throws {
         let fixture = try BusFixture()
         let connection = try fixture.connect()
