@@ -335,13 +335,12 @@ extension ConnectionCore {
     func flushClientsNow() {
         shared.withLock { s in
             guard s.connected, !s.stopping else { return }
-            let wasEmpty = s.queue.isEmpty
             for id in s.clientOrder {
                 if let client = s.clients[id] {
                     for message in client.takePendingMessages() { s.queue.append(.send(message)) }
                 }
             }
-            if wasEmpty && !s.queue.isEmpty { wake() }
+            if !s.queue.isEmpty { ConnectionCore.wakeIfSleeping(&s, self) }
         }
     }
 }
