@@ -378,6 +378,66 @@ func expectError(
         #expect(empty == [.dictionary(key: "o", value: "a{sa{sv}}", [])])
     }
 
+    @Test func objectAdditionsKeepTheirPlaceAmongPropertyChanges() async throws {
+        let f = try await ServerFixture()
+        f.addThing()
+        let all = try await f.client.signals(matching: DBusMatchRule(sender: ServerFixture.name))
+        let objects = f.objects
+        let service = DBusInterfaceSpec("org.bluez.GattService1", properties: [DBusPropertySpec("UUID", "s")])
+        objects.perform {
+            objects.setProperty(at: "/org/example/thing", interface: ServerFixture.interface, "Count", .uint32(1))
+            objects.addInterfaces(at: "/org/example/thing/service0001", [(service, ["UUID": .string("180f")])])
+            // Must not merge into the Count change above, which went out before the service was added.
+            objects.setProperty(
+                at: "/org/example/thing", interface: ServerFixture.interface, "Name", .string("resolved"))
+        }
+        var iterator = all.makeAsyncIterator()
+        let first = try #require(await iterator.next())
+        let second = try #require(await iterator.next())
+        let third = try #require(await iterator.next())
+        #expect(first.member == "PropertiesChanged")
+        #expect(first.body[1].stringVariantDictionary == ["Count": .uint32(1)])
+        #expect(second.member == "InterfacesAdded")
+        #expect(second.body.first == .objectPath("/org/example/thing/service0001"))
+        #expect(third.member == "PropertiesChanged")
+        #expect(third.body[1].stringVariantDictionary == ["Name": .string("resolved")])
+    }
+
+    @Test func badLocalValuesAreDroppedNotFatal() async throws {
+        let f = try await ServerFixture()
+        f.addThing()
+        let path: DBusObjectPath = "/org/example/thing"
+        f.objects.setProperty(at: path, interface: ServerFixture.interface, "Count", .int32(-1))  // declared "u"
+        f.objects.setProperty(at: path, interface: ServerFixture.interface, "Extra", .array("s", [.int32(1)]))
+        f.objects.setProperty(at: "/nowhere", interface: ServerFixture.interface, "Count", .uint32(1))
+        f.objects.addInterfaces(at: "bad path", [(f.thingSpec(), [:])])
+        f.objects.emitSignal(path: path, interface: "bad", name: "X")
+        #expect(f.objects.property(at: path, interface: ServerFixture.interface, "Count") == .uint32(1))
+        #expect(f.objects.property(at: path, interface: ServerFixture.interface, "Extra") == nil)
+        #expect(!f.objects.hasObject(at: "/nowhere"))
+        // Undeclared but well-formed values are kept and served.
+        f.objects.setProperty(at: path, interface: ServerFixture.interface, "Extra", .string("x"))
+        #expect(try await f.get("Extra") == .variant(.string("x")))
+        #expect(f.objects.objectPaths == [path])
+    }
+
+    @Test func aHandlerMayCloseItsOwnConnection() async throws {
+        let f = try await ServerFixture()
+        let server = f.server
+        f.addThing(methods: [
+            DBusMethodSpec("Quit") { _ in
+                server.close()  // on the I/O thread: must not join itself
+                return .reply([])
+            }
+        ])
+        await expectError(DBusError.noReply) {
+            _ = try await f.call("/org/example/thing", ServerFixture.interface, "Quit")
+        }
+        await server.waitUntilDisconnected()
+        #expect(!server.isConnected)
+        try await f.client.ping("org.freedesktop.DBus")
+    }
+
     @Test func introspectionIsValidXMLWithChildren() async throws {
         let f = try await ServerFixture()
         f.addThing(at: "/org/example/thing")
