@@ -49,7 +49,12 @@ final class ServerFixture: @unchecked Sendable {
     func addThing(at path: DBusObjectPath = "/org/example/thing", methods: [DBusMethodSpec] = []) {
         objects.addInterfaces(
             at: path,
-            [(thingSpec(methods: methods), ["Name": .string("one"), "Count": .uint32(1), "Level": .byte(5)])])
+            [
+                (
+                    thingSpec(methods: methods),
+                    ["Name": .string("one"), "Count": .uint32(1), "Level": .byte(5), "Secret": .string("s")]
+                )
+            ])
     }
 
     func call(
@@ -154,6 +159,66 @@ func expectError(
         ) {
             _ = try await f.call("/org/example/thing", "org.freedesktop.DBus.Properties", "Get", [.string("x")])
         }
+    }
+
+    @Test func bluezStylePropertyErrors() async throws {
+        let bus = try BusFixture()
+        let server = try bus.connect()
+        let client = try bus.connect()
+        let objects = DBusObjectServer(connection: server, propertyErrors: .bluez)
+        objects.addInterfaces(
+            at: "/org/bluez/hci0",
+            [
+                (
+                    DBusInterfaceSpec(
+                        "org.bluez.Adapter1",
+                        properties: [
+                            DBusPropertySpec("Address", "s"), DBusPropertySpec("Alias", "s", access: .readWrite),
+                            DBusPropertySpec("Modalias", "s", access: .readWrite),
+                            DBusPropertySpec("Key", "s", access: .write),
+                        ]), ["Address": .string("00:11:22:33:44:55"), "Alias": .string("a"), "Key": .string("k")]
+                )
+            ])
+        func properties(_ method: String, _ arguments: [DBusValue]) async throws -> [DBusValue] {
+            try await client.call(
+                destination: server.uniqueName, path: "/org/bluez/hci0", interface: "org.freedesktop.DBus.Properties",
+                method: method, arguments: arguments)
+        }
+        await expectError(DBusError.invalidArgs, "No such property 'Colour'") {
+            _ = try await properties("Get", [.string("org.bluez.Adapter1"), .string("Colour")])
+        }
+        await expectError(DBusError.invalidArgs, "No such property 'Modalias'") {  // declared, absent
+            _ = try await properties("Get", [.string("org.bluez.Adapter1"), .string("Modalias")])
+        }
+        await expectError(DBusError.invalidArgs, "Property 'Key' is not readable") {
+            _ = try await properties("Get", [.string("org.bluez.Adapter1"), .string("Key")])
+        }
+        await expectError(DBusError.invalidArgs, "No such interface 'org.bluez.Nope'") {
+            _ = try await properties("Get", [.string("org.bluez.Nope"), .string("Address")])
+        }
+        await expectError(DBusError.invalidArgs, "No such interface 'org.bluez.Nope'") {
+            _ = try await properties("GetAll", [.string("org.bluez.Nope")])
+        }
+        await expectError(DBusError.invalidArgs, "No such interface 'org.bluez.Nope'") {
+            _ = try await properties("Set", [.string("org.bluez.Nope"), .string("Alias"), .variant(.string("x"))])
+        }
+        await expectError(DBusError.unknownProperty, "No such property 'Colour'") {
+            _ = try await properties("Set", [.string("org.bluez.Adapter1"), .string("Colour"), .variant(.string("x"))])
+        }
+        await expectError(DBusError.unknownProperty, "No such property 'Modalias'") {
+            _ = try await properties(
+                "Set", [.string("org.bluez.Adapter1"), .string("Modalias"), .variant(.string("x"))])
+        }
+        await expectError(DBusError.propertyReadOnly, "Property 'Address' is not writable") {
+            _ = try await properties(
+                "Set", [.string("org.bluez.Adapter1"), .string("Address"), .variant(.string("x"))])
+        }
+        await expectError(DBusError.invalidSignature, "Invalid signature for 'Alias'") {
+            _ = try await properties("Set", [.string("org.bluez.Adapter1"), .string("Alias"), .variant(.int32(1))])
+        }
+        _ = try await properties("Set", [.string("org.bluez.Adapter1"), .string("Alias"), .variant(.string("b"))])
+        #expect(
+            try await properties("Get", [.string("org.bluez.Adapter1"), .string("Alias")]) == [.variant(.string("b"))])
     }
 
     @Test func methodCallsRepliesAndUnknownTexts() async throws {
@@ -336,11 +401,11 @@ func expectError(
         let interfaces = try #require(first.body[1].dictionaryEntries)
         #expect(
             interfaces.compactMap(\.key.string) == [
-                "org.freedesktop.DBus.Introspectable", "org.freedesktop.DBus.Properties", ServerFixture.interface,
-            ])
+                "org.freedesktop.DBus.Introspectable", ServerFixture.interface, "org.freedesktop.DBus.Properties",
+            ])  // gdbus's order
         #expect(interfaces[0].value == .dictionary(key: "s", value: "v", []))
-        #expect(interfaces[1].value == .dictionary(key: "s", value: "v", []))
-        #expect(interfaces[2].value.stringVariantDictionary == ["Name": .string("one"), "Count": .uint32(4)])
+        #expect(interfaces[2].value == .dictionary(key: "s", value: "v", []))
+        #expect(interfaces[1].value.stringVariantDictionary == ["Name": .string("one"), "Count": .uint32(4)])
 
         objects.addInterfaces(at: "/org/example/thing", [(battery, ["Percentage": .byte(80)])])
         let second = try #require(await iterator.next())
@@ -353,7 +418,7 @@ func expectError(
         #expect(entry.key == .objectPath("/org/example/thing"))
         #expect(
             entry.value.dictionaryEntries?.compactMap(\.key.string) == [
-                "org.freedesktop.DBus.Introspectable", "org.freedesktop.DBus.Properties", ServerFixture.interface,
+                "org.freedesktop.DBus.Introspectable", ServerFixture.interface, "org.freedesktop.DBus.Properties",
                 "org.bluez.Battery1",
             ])
 
