@@ -61,15 +61,18 @@ public final class DBusConnection: Sendable {
         }
         var error = CDBus.DBusError.make()
         let pointer: OpaquePointer
+        // The environment is read on every connect (libdbus's own bus lookup caches it for the process).
+        let address: String?
         switch bus {
-        case .system, .session:
-            let type = bus.isSystem ? DBUS_BUS_SYSTEM : DBUS_BUS_SESSION
-            guard let opened = dbus_bus_get_private(type, &error) else {
-                throw DBusError.consume(&error, context: "connecting to the \(bus.isSystem ? "system" : "session") bus")
-            }
-            pointer = opened
-            dbus_connection_set_exit_on_disconnect(pointer, 0)
-        case .address(let address):
+        case .system:
+            address =
+                DBusConnection.environment("DBUS_SYSTEM_BUS_ADDRESS") ?? "unix:path=/var/run/dbus/system_bus_socket"
+        case .session:
+            address = DBusConnection.environment("DBUS_SESSION_BUS_ADDRESS")
+        case .address(let explicit):
+            address = explicit
+        }
+        if let address {
             guard !address.isEmpty, !address.utf8.contains(0) else {
                 throw DBusError(name: DBusError.invalidArgs, message: "invalid D-Bus address \"\(address)\"")
             }
@@ -84,6 +87,13 @@ public final class DBusConnection: Sendable {
                 dbus_connection_unref(pointer)
                 throw failure
             }
+        } else {
+            // No DBUS_SESSION_BUS_ADDRESS: let libdbus find the session bus (XDG_RUNTIME_DIR, autolaunch).
+            guard let opened = dbus_bus_get_private(DBUS_BUS_SESSION, &error) else {
+                throw DBusError.consume(&error, context: "connecting to the session bus")
+            }
+            pointer = opened
+            dbus_connection_set_exit_on_disconnect(pointer, 0)
         }
         // Generous limits so bursts of signals are buffered rather than throttled.
         dbus_connection_set_max_received_size(pointer, 1 << 30)
@@ -290,7 +300,7 @@ public final class DBusConnection: Sendable {
                 if error.name != DBusError.nameHasNoOwner { throw error }
             }
         } catch {
-            core.removeSubscription(id, removeMatch: false)
+            // Ending the stream removes the subscription and (if AddMatch got through) the rule on the bus.
             continuation.finish()
             throw error
         }
@@ -340,8 +350,12 @@ public final class DBusConnection: Sendable {
     }
 }
 
-extension DBusBus {
-    fileprivate var isSystem: Bool { if case .system = self { return true } else { return false } }
+extension DBusConnection {
+    fileprivate static func environment(_ name: String) -> String? {
+        guard let value = getenv(name) else { return nil }
+        let text = String(cString: value)
+        return text.isEmpty ? nil : text
+    }
 }
 
 extension DBusValue {

@@ -257,7 +257,7 @@ func members(until stream: DBusSignalStream) async -> [String] {
         #expect(throws: DBusError.self) { try DBusConnection(.address("")) }
     }
 
-    @Test func systemBusHonoursTheEnvironment() async throws {
+    @Test func systemAndSessionBusesHonourTheEnvironment() async throws {
         let fixture = try BusFixture()
         // setenv affects the whole test process; the value only matters to .system connections.
         setenv("DBUS_SYSTEM_BUS_ADDRESS", fixture.address, 1)
@@ -268,6 +268,10 @@ func members(until stream: DBusSignalStream) async -> [String] {
             destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
             method: "ListNames")
         #expect(names.first?.arrayElements?.contains(.string(connection.uniqueName)) == true)
+        setenv("DBUS_SESSION_BUS_ADDRESS", fixture.address, 1)
+        let session = try DBusConnection(.session)
+        try await session.ping(connection.uniqueName)  // libdbus answers Peer.Ping for every connection
+        #expect(try await session.nameOwner("org.freedesktop.DBus") == "org.freedesktop.DBus")
     }
 
     @Test func closeIsIdempotentAndFailsLaterCalls() async throws {
