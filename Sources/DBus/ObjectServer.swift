@@ -97,7 +97,9 @@ public enum DBusMethodOutcome: Sendable {
     case deferred
 }
 
-/// A method handler; runs on the connection's I/O thread.
+/// A method handler; runs on the connection's I/O thread. It must not block waiting for a reply on the same
+/// connection (that reply is read by the very thread it blocks): return ``DBusMethodOutcome/deferred`` and
+/// complete ``DBusMethodCall/reply`` from a task instead.
 public typealias DBusMethodHandler = @Sendable (DBusMethodCall) -> DBusMethodOutcome
 
 /// A method of an exported interface.

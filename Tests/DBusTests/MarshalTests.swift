@@ -210,6 +210,16 @@ let everyType: [DBusValue] = [
         #expect(!names.isEmpty)
     }
 
+    @Test func fileDescriptorsCannotBeSerialisedToBytes() {
+        var fds: [Int32] = [0, 0]
+        #expect(pipe(&fds) == 0)
+        let a = DBusFileDescriptor(owning: fds[0])
+        let b = DBusFileDescriptor(owning: fds[1])
+        let message = DBusMessage.signal(
+            path: "/t", interface: "org.example.T", name: "F", body: [.variant(.array("h", [.unixFD(a), .unixFD(b)]))])
+        #expect(throws: DBusError.self) { try message.wireFormat() }
+    }
+
     @Test func malformedWireBytesThrow() throws {
         #expect(throws: DBusError.self) { try DBusMessage(wireFormat: []) }
         #expect(throws: DBusError.self) { try DBusMessage(wireFormat: [UInt8](repeating: 0x41, count: 64)) }
