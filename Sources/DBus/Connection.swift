@@ -18,7 +18,9 @@ public enum DBusBus: Sendable {
 
 /// Flags for `RequestName`.
 public struct DBusRequestNameFlags: OptionSet, Sendable, Hashable {
+    /// The flag bits as sent to `RequestName`.
     public let rawValue: UInt32
+    /// Flags from their bits.
     public init(rawValue: UInt32) { self.rawValue = rawValue }
     /// Let another connection take the name over.
     public static let allowReplacement = DBusRequestNameFlags(rawValue: 1)
@@ -30,9 +32,13 @@ public struct DBusRequestNameFlags: OptionSet, Sendable, Hashable {
 
 /// The answer to `RequestName`.
 public enum DBusRequestNameReply: UInt32, Sendable, Hashable {
+    /// This connection now owns the name.
     case primaryOwner = 1
+    /// Someone else owns it; this connection waits in the queue.
     case inQueue = 2
+    /// Someone else owns it and `doNotQueue` was given.
     case exists = 3
+    /// This connection already owned it.
     case alreadyOwner = 4
 }
 
@@ -376,6 +382,7 @@ extension DBusValue {
 /// The signals matching a rule, in arrival order, with no loss (unbounded buffer). Ends when the connection
 /// closes or is lost. Dropping the iterator or cancelling the consuming task removes the match rule.
 public struct DBusSignalStream: AsyncSequence, Sendable {
+    /// Each matching signal.
     public typealias Element = DBusMessage
     let stream: AsyncStream<DBusMessage>
     let lifetime: SubscriptionLifetime
@@ -384,9 +391,11 @@ public struct DBusSignalStream: AsyncSequence, Sendable {
     public struct AsyncIterator: AsyncIteratorProtocol {
         var base: AsyncStream<DBusMessage>.Iterator
         let lifetime: SubscriptionLifetime
+        /// The next signal, or nil once the stream ended.
         public mutating func next() async -> DBusMessage? { await base.next() }
     }
 
+    /// Starts iterating (each iterator keeps the subscription alive).
     public func makeAsyncIterator() -> AsyncIterator {
         AsyncIterator(base: stream.makeAsyncIterator(), lifetime: lifetime)
     }
@@ -415,6 +424,7 @@ final class SubscriptionLifetime: Sendable {
 
 /// The owner of a name (nil when none) and then each change. Ends when the connection closes or is lost.
 public struct DBusNameOwnerStream: AsyncSequence, Sendable {
+    /// The owner's unique name, or nil when the name has no owner.
     public typealias Element = String?
     let stream: AsyncStream<String?>
     let lifetime: SubscriptionLifetime
@@ -423,9 +433,11 @@ public struct DBusNameOwnerStream: AsyncSequence, Sendable {
     public struct AsyncIterator: AsyncIteratorProtocol {
         var base: AsyncStream<String?>.Iterator
         let lifetime: SubscriptionLifetime
+        /// The next owner (`.some(nil)` = no owner), or nil once the stream ended.
         public mutating func next() async -> String?? { await base.next() }
     }
 
+    /// Starts iterating (each iterator keeps the subscription alive).
     public func makeAsyncIterator() -> AsyncIterator {
         AsyncIterator(base: stream.makeAsyncIterator(), lifetime: lifetime)
     }

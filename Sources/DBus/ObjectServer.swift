@@ -134,7 +134,12 @@ public struct DBusMethodSpec: Sendable {
 public struct DBusPropertySpec: Sendable {
     /// Who may read and write the property over the bus.
     public enum Access: Sendable {
-        case read, write, readWrite
+        /// Readable only (Set answers PropertyReadOnly).
+        case read
+        /// Writable only.
+        case write
+        /// Readable and writable.
+        case readWrite
 
         var readable: Bool { self != .write }
         var writable: Bool { self != .read }
