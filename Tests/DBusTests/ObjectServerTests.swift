@@ -534,6 +534,48 @@ func expectError(
         #expect(leaf.children.isEmpty)
     }
 
+    @Test func gdbusAndBusctlUnderstandTheIntrospection() async throws {
+        let f = try await ServerFixture()
+        f.addThing(at: "/org/example/thing")
+        f.addThing(at: "/org/example/thing/child1")
+        let address = f.bus.address
+        if let gdbus = which("gdbus") {
+            let result = try await Task.detached {
+                try runCommand(
+                    gdbus,
+                    [
+                        "introspect", "--address", address, "--dest", ServerFixture.name, "--object-path", "/",
+                        "--recurse", "--only-properties",
+                    ], timeout: 20)
+            }.value
+            #expect(result.status == 0, "\(result.stderr)")
+            #expect(result.stdout.contains("node /org/example/thing/child1"))
+            #expect(result.stdout.contains("readwrite s Name = 'one';"))
+            #expect(result.stdout.contains("readonly u Count = 1;"))
+        } else {
+            Issue.record("gdbus is not installed")
+        }
+        if let busctl = which("busctl") {
+            let tree = try await Task.detached {
+                try runCommand(busctl, ["--address=\(address)", "tree", "--list", ServerFixture.name], timeout: 20)
+            }.value
+            #expect(tree.status == 0, "\(tree.stderr)")
+            #expect(tree.stdout.contains("/org/example/thing/child1"))
+            let property = try await Task.detached {
+                try runCommand(
+                    busctl,
+                    [
+                        "--address=\(address)", "get-property", ServerFixture.name, "/org/example/thing",
+                        ServerFixture.interface, "Name",
+                    ], timeout: 20)
+            }.value
+            #expect(property.status == 0, "\(property.stderr)")
+            #expect(property.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "s \"one\"")
+        } else {
+            Issue.record("busctl is not installed")
+        }
+    }
+
     @Test func dbusSendReadsPropertiesAndCallsMethods() async throws {
         let f = try await ServerFixture()
         f.addThing()
