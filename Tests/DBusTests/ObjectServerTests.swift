@@ -540,14 +540,12 @@ func expectError(
         f.addThing(at: "/org/example/thing/child1")
         let address = f.bus.address
         if let gdbus = which("gdbus") {
-            let result = try await Task.detached {
-                try runCommand(
-                    gdbus,
-                    [
-                        "introspect", "--address", address, "--dest", ServerFixture.name, "--object-path", "/",
-                        "--recurse", "--only-properties",
-                    ], timeout: 20)
-            }.value
+            let result = try await runTool(
+                gdbus,
+                [
+                    "introspect", "--address", address, "--dest", ServerFixture.name, "--object-path", "/",
+                    "--recurse", "--only-properties",
+                ])
             #expect(result.status == 0, "\(result.stderr)")
             #expect(result.stdout.contains("node /org/example/thing/child1"))
             #expect(result.stdout.contains("readwrite s Name = 'one';"))
@@ -556,19 +554,15 @@ func expectError(
             Issue.record("gdbus is not installed")
         }
         if let busctl = which("busctl") {
-            let tree = try await Task.detached {
-                try runCommand(busctl, ["--address=\(address)", "tree", "--list", ServerFixture.name], timeout: 20)
-            }.value
+            let tree = try await runTool(busctl, ["--address=\(address)", "tree", "--list", ServerFixture.name])
             #expect(tree.status == 0, "\(tree.stderr)")
             #expect(tree.stdout.contains("/org/example/thing/child1"))
-            let property = try await Task.detached {
-                try runCommand(
-                    busctl,
-                    [
-                        "--address=\(address)", "get-property", ServerFixture.name, "/org/example/thing",
-                        ServerFixture.interface, "Name",
-                    ], timeout: 20)
-            }.value
+            let property = try await runTool(
+                busctl,
+                [
+                    "--address=\(address)", "get-property", ServerFixture.name, "/org/example/thing",
+                    ServerFixture.interface, "Name",
+                ])
             #expect(property.status == 0, "\(property.stderr)")
             #expect(property.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "s \"one\"")
         } else {
@@ -584,48 +578,39 @@ func expectError(
             return
         }
         let address = f.bus.address
-        let get = try await Task.detached {
-            try runCommand(
-                dbusSend,
-                [
-                    "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
-                    "org.freedesktop.DBus.Properties.Get", "string:\(ServerFixture.interface)", "string:Name",
-                ], timeout: 10)
-        }.value
+        let get = try await runTool(
+            dbusSend,
+            [
+                "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
+                "org.freedesktop.DBus.Properties.Get", "string:\(ServerFixture.interface)", "string:Name",
+            ])
         #expect(get.status == 0, "\(get.stderr)")
         #expect(get.stdout.contains("variant       string \"one\"") || get.stdout.contains("variant string \"one\""))
-        let add = try await Task.detached {
-            try runCommand(
-                dbusSend,
-                [
-                    "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
-                    "\(ServerFixture.interface).Add", "int32:2", "int32:40",
-                ], timeout: 10)
-        }.value
+        let add = try await runTool(
+            dbusSend,
+            [
+                "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
+                "\(ServerFixture.interface).Add", "int32:2", "int32:40",
+            ])
         #expect(add.status == 0, "\(add.stderr)")
         #expect(add.stdout.contains("int32 42"))
-        let set = try await Task.detached {
-            try runCommand(
-                dbusSend,
-                [
-                    "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
-                    "org.freedesktop.DBus.Properties.Set", "string:\(ServerFixture.interface)", "string:Name",
-                    "variant:string:from-dbus-send",
-                ], timeout: 10)
-        }.value
+        let set = try await runTool(
+            dbusSend,
+            [
+                "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
+                "org.freedesktop.DBus.Properties.Set", "string:\(ServerFixture.interface)", "string:Name",
+                "variant:string:from-dbus-send",
+            ])
         #expect(set.status == 0, "\(set.stderr)")
         #expect(
             f.objects.property(at: "/org/example/thing", interface: ServerFixture.interface, "Name")
                 == .string("from-dbus-send"))
-        let unknown = try await Task.detached {
-            try runCommand(
-                dbusSend,
-                [
-                    "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
-                    "\(ServerFixture.interface).Nope",
-                ],
-                timeout: 10)
-        }.value
+        let unknown = try await runTool(
+            dbusSend,
+            [
+                "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
+                "\(ServerFixture.interface).Nope",
+            ])
         #expect(unknown.status != 0)
         #expect(unknown.stderr.contains("org.freedesktop.DBus.Error.UnknownMethod"))
     }
