@@ -27,11 +27,14 @@ public final class BlueZSimulator: @unchecked Sendable {
     var devices: [SimDevice] = []
     /// The scenario with runtime additions (AddPeripheral) removed on restart.
     var monitors: [SimMonitor] = []
+    /// Registered monitor applications (owner, root), with or without monitors yet.
+    var monitorApps: [(owner: String, root: DBusObjectPath)] = []
     var counters: [String: Int] = [:]
     /// Bumped on restart so stale timers do nothing.
     var epoch = 0
     var restarting = false
     private let lost = Mutex<[CheckedContinuation<Void, Never>]?>([])
+    private let stopRequested = Mutex(false)
     private let logVerbose: Bool
 
     /// - Parameters:
@@ -67,7 +70,7 @@ public final class BlueZSimulator: @unchecked Sendable {
             let epoch = queue.sync { self.epoch }
             Task { [weak self] in
                 do {
-                    for try await message in ownerStream {
+                    for await message in ownerStream {
                         guard let self else { return }
                         if message.body.count == 3, let name = message.body[0].string, let new = message.body[2].string,
                             name.hasPrefix(":"), new.isEmpty
@@ -75,7 +78,7 @@ public final class BlueZSimulator: @unchecked Sendable {
                             self.queue.async { if self.epoch == epoch { self.clientLeft(name) } }
                         }
                     }
-                } catch {}
+                }
             }
             let reply = try await connection.requestName("org.bluez", flags: [.doNotQueue])
             guard reply == .primaryOwner || reply == .alreadyOwner else {
@@ -99,7 +102,9 @@ public final class BlueZSimulator: @unchecked Sendable {
     }
 
     /// Returns when the bus connection is lost (not when a simulated restart closes it) or `stop()` was called.
-    public func waitUntilBusLost() async {
+    /// - Returns: true when the bus was lost, false after `stop()`.
+    @discardableResult
+    public func waitUntilBusLost() async -> Bool {
         await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
             let resumeNow = lost.withLock { waiters -> Bool in
                 guard waiters != nil else { return true }
@@ -108,6 +113,7 @@ public final class BlueZSimulator: @unchecked Sendable {
             }
             if resumeNow { c.resume() }
         }
+        return !stopRequested.withLock { $0 }
     }
 
     private func markLost() {
@@ -121,6 +127,7 @@ public final class BlueZSimulator: @unchecked Sendable {
 
     /// Stops timers, closes sockets and the connection.
     public func stop() {
+        stopRequested.withLock { $0 = true }
         queue.sync {
             self.epoch += 1
             self.restarting = true
@@ -149,6 +156,7 @@ public final class BlueZSimulator: @unchecked Sendable {
             return SimDevice(spec: spec, adapterPath: a.path, now: now)
         }
         monitors = []
+        monitorApps = []
     }
 
     func tearDownDevices() {
