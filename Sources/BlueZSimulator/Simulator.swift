@@ -23,6 +23,7 @@ public final class BlueZSimulator: @unchecked Sendable {
     let queue = DispatchQueue(label: "bluez-sim")
     var connection: DBusConnection?
     var server: DBusObjectServer?
+    var controlServer: DBusObjectServer?
     var adapters: [SimAdapter] = []
     var devices: [SimDevice] = []
     /// The scenario with runtime additions (AddPeripheral) removed on restart.
@@ -55,9 +56,11 @@ public final class BlueZSimulator: @unchecked Sendable {
             throw SimulatorError("cannot connect to the bus: \(error)")
         }
         let server = DBusObjectServer(connection: connection, objectManagerPath: "/")
+        let controlServer = DBusObjectServer(connection: connection, objectManagerPath: "/org/bluez/sim")
         queue.sync {
             self.connection = connection
             self.server = server
+            self.controlServer = controlServer
             self.restarting = false
             self.resetState()
             self.exportRoot()
@@ -135,6 +138,7 @@ public final class BlueZSimulator: @unchecked Sendable {
             self.connection?.close()
             self.connection = nil
             self.server = nil
+            self.controlServer = nil
         }
         markLost()
     }
