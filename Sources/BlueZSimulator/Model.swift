@@ -1,7 +1,7 @@
+import DBus
 // Runtime state of the simulated world. Every object here is confined to the simulator's serial queue
 // (`BlueZSimulator.queue`); that confinement is what makes the `@unchecked Sendable` conformances sound.
 import Dispatch
-import DBus
 
 /// A fault injected through the control interface.
 struct SimFault: Sendable {
@@ -138,7 +138,8 @@ final class SimDevice: @unchecked Sendable {
         let count = advertisementCount
         advertisementCount += 1
         return SimAdvertisementState.Advertisement(
-            rssi: max(-127, min(20, spec.rssi + random.jitter(spec.rssiJitter))), txPower: spec.txPower, name: spec.name,
+            rssi: max(-127, min(20, spec.rssi + random.jitter(spec.rssiJitter))), txPower: spec.txPower,
+            name: spec.name,
             manufacturerData: spec.manufacturerData.map { ($0.company, $0.data.value(at: t, count: count)) },
             serviceData: spec.serviceData.map { ($0.uuid, $0.data.value(at: t, count: count)) },
             uuids: spec.serviceUUIDs)
