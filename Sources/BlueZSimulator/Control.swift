@@ -272,35 +272,33 @@ extension BlueZSimulator {
             return call.reply.fail(Self.invalidArguments)
         }
         count("restarts")
-        let counters = self.counters
-        restarting = true
         call.reply.succeed()
-        let connection = self.connection
         // Let the reply leave before the connection (and with it org.bluez and every object) goes away.
-        queue.asyncAfter(deadline: simDeadline(0.05)) { [weak self] in
+        after(0.05) { [weak self] in
             guard let self else { return }
-            self.epoch += 1
             self.tearDownDevices()
+            let connection = self.loop.withLock { l -> DBusConnection? in
+                l.epoch += 1
+                l.restarting = true
+                let c = l.connection
+                l.connection = nil
+                l.server = nil
+                l.controlServer = nil
+                return c
+            }
             connection?.close()
-            self.connection = nil
-            self.server = nil
-            self.controlServer = nil
             self.queue.asyncAfter(deadline: simDeadline(seconds)) { [weak self] in
                 Task { [weak self] in
                     guard let self else { return }
-                    do {
-                        try await self.start()
-                        self.queue.async { self.counters = counters }
-                    } catch {
+                    do { try await self.start() } catch {
                         printError("bluez-sim: restart failed: \(error)")
-                        self.markLostFromRestart()
+                        self.stop()
                     }
                 }
             }
         }
     }
 
-    func markLostFromRestart() { stop() }
 
     func getWrites(_ call: DBusMethodCall) {
         guard let d = controlDevice(call) else { return }

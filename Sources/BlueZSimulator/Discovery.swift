@@ -287,7 +287,7 @@ extension BlueZSimulator {
                     method: "GetManagedObjects", timeout: .seconds(5))
             } catch {
                 if let strong = self {
-                    strong.queue.async { strong.monitorApps.removeAll { $0.owner == sender && $0.root == root } }
+                    strong.onLoop(epoch: epoch) { strong.monitorApps.removeAll { $0.owner == sender && $0.root == root } }
                 }
                 call.reply.fail(Self.bluezError("Failed", "Failed to get managed objects"))
                 return
@@ -306,11 +306,11 @@ extension BlueZSimulator {
                         let ifaces = message.body[1].dictionaryEntries
                     else { continue }
                     let more = Self.monitors(at: path, interfaces: ifaces, owner: sender, root: root)
-                    let stillRegistered = self.queue.sync {
-                        self.epoch == epoch && self.monitorApps.contains { $0.owner == sender && $0.root == root }
+                    guard self.epoch == epoch else { return }
+                    self.onLoop(epoch: epoch) {
+                        guard self.monitorApps.contains(where: { $0.owner == sender && $0.root == root }) else { return }
+                        self.addMonitors(more, adapter: a)
                     }
-                    guard stillRegistered else { return }
-                    self.queue.async { self.addMonitors(more, adapter: a) }
                 }
             }
         }

@@ -251,9 +251,25 @@ extension BlueZSimulator {
         let socket = SimSocket(fd: mine)
         let source = DispatchSource.makeReadSource(fileDescriptor: mine, queue: queue)
         let epoch = self.epoch
-        source.setEventHandler { [weak self, weak socket] in
-            guard let self, let socket, self.epoch == epoch else { return }
-            self.socketReadable(d, c, socket, notify: notify)
+        // Datagrams are read on the timer queue (so the source does not fire again and again) and applied on the loop.
+        source.setEventHandler { [weak self, weak socket, source] in
+            var datagrams: [[UInt8]] = []
+            var eof = false
+            reading: while true {
+                switch readDatagram(mine) {
+                case .datagram(let bytes): datagrams.append(bytes)
+                case .none: break reading
+                case .eof:
+                    eof = true
+                    break reading
+                }
+            }
+            if eof { source.cancel() }
+            guard let self, let socket else { return }
+            let (received, closed) = (datagrams, eof)
+            self.onLoop(epoch: epoch) {
+                self.socketEvents(d, c, socket, notify: notify, datagrams: received, eof: closed)
+            }
         }
         source.setCancelHandler { _ = closeFD(mine) }
         socket.source = source
@@ -273,21 +289,16 @@ extension BlueZSimulator {
         if notify { updateGenerator(d, c) }
     }
 
-    func socketReadable(_ d: SimDevice, _ c: SimCharacteristic, _ socket: SimSocket, notify: Bool) {
-        while true {
-            switch readDatagram(socket.fd) {
-            case .datagram(let bytes):
-                // Datagrams on the write socket are Write Without Response; on the notify socket they are ignored.
-                if !notify, c.writeSocket === socket, d.isConnected {
-                    received(d, c, value: bytes, offset: 0, type: "command")
-                }
-            case .none:
-                return
-            case .eof:
-                if notify, c.notifySocket === socket { releaseNotifySocket(d, c) }
-                if !notify, c.writeSocket === socket { releaseWriteSocket(d, c) }
-                return
-            }
+    func socketEvents(_ d: SimDevice, _ c: SimCharacteristic, _ socket: SimSocket, notify: Bool, datagrams: [[UInt8]],
+                      eof: Bool)
+    {
+        // Datagrams on the write socket are Write Without Response; on the notify socket they are ignored.
+        if !notify, c.writeSocket === socket, d.isConnected {
+            for bytes in datagrams { received(d, c, value: bytes, offset: 0, type: "command") }
+        }
+        if eof {
+            if notify, c.notifySocket === socket { releaseNotifySocket(d, c) }
+            if !notify, c.writeSocket === socket { releaseWriteSocket(d, c) }
         }
     }
 
@@ -339,14 +350,18 @@ extension BlueZSimulator {
         }
         guard c.timer == nil, let generator = c.layout.spec.notify else { return }
         let timer = DispatchSource.makeTimerSource(queue: queue)
+        c.timerGeneration += 1
+        let generation = c.timerGeneration
         let interval = 1.0 / c.rateHz
         let epoch = self.epoch
         timer.schedule(deadline: .now() + interval, repeating: interval, leeway: .milliseconds(1))
         timer.setEventHandler { [weak self] in
-            guard let self, self.epoch == epoch else { return }
-            let value = generator.value(c.notifyIndex)
-            c.notifyIndex += 1
-            self.notify(d, c, value)
+            self?.onLoop(epoch: epoch) { [weak self] in
+                guard let self, c.timer != nil, c.timerGeneration == generation else { return }
+                let value = generator.value(c.notifyIndex)
+                c.notifyIndex += 1
+                self.notify(d, c, value)
+            }
         }
         c.timer = timer
         timer.resume()

@@ -1,6 +1,6 @@
 import DBus
-// Runtime state of the simulated world. Every object here is confined to the simulator's serial queue
-// (`BlueZSimulator.queue`); that confinement is what makes the `@unchecked Sendable` conformances sound.
+// Runtime state of the simulated world. Every object here is confined to the simulator's loop (the D-Bus
+// connection's dispatch thread, see `BlueZSimulator`); that confinement makes the `@unchecked Sendable` sound.
 import Dispatch
 
 /// A fault injected through the control interface.
@@ -35,14 +35,8 @@ final class SimSocket: @unchecked Sendable {
     let fd: Int32
     var source: DispatchSourceRead?
     init(fd: Int32) { self.fd = fd }
-    func close() {
-        if let source {
-            self.source = nil
-            source.cancel()  // the cancel handler closes the fd
-        } else {
-            _ = closeFD(fd)
-        }
-    }
+    /// Cancels the read source; its cancel handler closes the fd (cancelling twice is harmless).
+    func close() { source?.cancel() }
 }
 
 /// A characteristic at run time.
@@ -61,6 +55,8 @@ final class SimCharacteristic: @unchecked Sendable {
     var notifyOwner: String?
     var writeSocket: SimSocket?
     var timer: DispatchSourceTimer?
+    /// Identifies the current timer, so ticks already queued from a cancelled one are dropped.
+    var timerGeneration = 0
     var notifyIndex = 0
     var rateHz: Double
 

@@ -57,7 +57,8 @@ extension BlueZSimulator {
             setHandler: { [weak self] name, value, _ in
                 guard let self else { return nil }
                 if name == "Powered", let on = value.bool {
-                    self.queue.async {
+                    // Set handlers run on the loop too.
+                    do {
                         a.powered = on
                         self.server?.setProperty(
                             at: a.path, interface: "org.bluez.Adapter1", "PowerState",
