@@ -299,7 +299,6 @@ extension BlueZSimulator {
         }
     }
 
-
     func getWrites(_ call: DBusMethodCall) {
         guard let d = controlDevice(call) else { return }
         call.reply.succeed([
@@ -325,11 +324,28 @@ extension BlueZSimulator {
         guard d.isConnected, c.isSubscribed else {
             return call.reply.fail(Self.bluezError("Failed", "not connected or not subscribed"))
         }
-        var sent: UInt32 = 0
-        for i in 0..<n {
-            let value: [UInt8] = [UInt8(i & 0xFF), UInt8((i >> 8) & 0xFF), UInt8((i >> 16) & 0xFF), UInt8(i >> 24)]
-            if notify(d, c, value) { sent += 1 }
+        @Sendable func value(_ i: UInt32) -> [UInt8] {
+            [UInt8(i & 0xFF), UInt8((i >> 8) & 0xFF), UInt8((i >> 16) & 0xFF), UInt8(i >> 24)]
         }
-        call.reply.succeed([.uint32(sent)])
+        guard c.notifySocket == nil, let server else {
+            var sent: UInt32 = 0
+            for i in 0..<n where notify(d, c, value(i)) { sent += 1 }
+            return call.reply.succeed([.uint32(sent)])
+        }
+        // The StartNotify path builds its signals off the loop, in parallel with the loop sending them; the server
+        // is thread-safe and a single producer keeps the order.
+        let epoch = self.epoch
+        let path = c.path
+        queue.async { [weak self] in
+            for i in 0..<n {
+                server.setProperty(
+                    at: path, interface: Self.characteristicInterfaceName, "Value", .bytes(value(i)),
+                    flush: true)
+            }
+            self?.onLoop(epoch: epoch) { [weak self] in
+                self?.count("notifications", Int(n))
+                call.reply.succeed([.uint32(n)])
+            }
+        }
     }
 }

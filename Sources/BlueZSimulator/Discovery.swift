@@ -287,7 +287,9 @@ extension BlueZSimulator {
                     method: "GetManagedObjects", timeout: .seconds(5))
             } catch {
                 if let strong = self {
-                    strong.onLoop(epoch: epoch) { strong.monitorApps.removeAll { $0.owner == sender && $0.root == root } }
+                    strong.onLoop(epoch: epoch) {
+                        strong.monitorApps.removeAll { $0.owner == sender && $0.root == root }
+                    }
                 }
                 call.reply.fail(Self.bluezError("Failed", "Failed to get managed objects"))
                 return
@@ -308,7 +310,9 @@ extension BlueZSimulator {
                     let more = Self.monitors(at: path, interfaces: ifaces, owner: sender, root: root)
                     guard self.epoch == epoch else { return }
                     self.onLoop(epoch: epoch) {
-                        guard self.monitorApps.contains(where: { $0.owner == sender && $0.root == root }) else { return }
+                        guard self.monitorApps.contains(where: { $0.owner == sender && $0.root == root }) else {
+                            return
+                        }
                         self.addMonitors(more, adapter: a)
                     }
                 }

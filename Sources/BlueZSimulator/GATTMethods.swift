@@ -289,9 +289,10 @@ extension BlueZSimulator {
         if notify { updateGenerator(d, c) }
     }
 
-    func socketEvents(_ d: SimDevice, _ c: SimCharacteristic, _ socket: SimSocket, notify: Bool, datagrams: [[UInt8]],
-                      eof: Bool)
-    {
+    func socketEvents(
+        _ d: SimDevice, _ c: SimCharacteristic, _ socket: SimSocket, notify: Bool, datagrams: [[UInt8]],
+        eof: Bool
+    ) {
         // Datagrams on the write socket are Write Without Response; on the notify socket they are ignored.
         if !notify, c.writeSocket === socket, d.isConnected {
             for bytes in datagrams { received(d, c, value: bytes, offset: 0, type: "command") }
