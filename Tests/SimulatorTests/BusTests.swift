@@ -447,3 +447,106 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
         }
     }
 }
+
+@Suite struct SimulatorBusEdgeTests {
+    @Test func withoutGATTCacheTheObjectsGoAwayOnDisconnect() async throws {
+        let sim = try demoFixture("temporary_timeout: 30\n  gatt_cache: false")
+        defer { sim.stop() }
+        let c = try Client(sim)
+        try await c.discover(hrPath)
+        try await c.call(hrPath, "org.bluez.Device1", "Connect")
+        try await c.waitResolved(hrPath)
+        #expect(try await c.managedPaths().contains(hrPath.rawValue + "/service000d/char000e/desc0010"))
+        let rec = try await SignalRecorder(c.connection)
+        try await c.call(hrPath, "org.bluez.Device1", "Disconnect")
+        try await rec.wait("removals") { $0.filter { $0.member == "InterfacesRemoved" }.count == 15 }
+        let removed = rec.all.filter { $0.member == "InterfacesRemoved" }.map(SignalRecorder.describe)
+        #expect(removed.first == "IR \(hrPath.rawValue)/service000d/char000e/desc0010")  // children first
+        #expect(removed.last == "IR \(hrPath.rawValue)/service0001")
+        #expect(!(try await c.managedPaths().contains { $0.hasPrefix(hrPath.rawValue + "/") }))
+    }
+
+    @Test func duplicateDataResignalsEveryAdvertisement() async throws {
+        let sim = try SimulatorFixture(
+            scenario: """
+                peripherals:
+                  - address: "C0:FF:EE:00:00:01"
+                    advertising_interval: 0.05
+                    manufacturer_data: [{company: 0x004C, value: "02 15"}]
+                """)
+        defer { sim.stop() }
+        let c = try Client(sim)
+        let device: DBusObjectPath = "/org/bluez/hci0/dev_C0_FF_EE_00_00_01"
+        let rec = try await SignalRecorder(c.connection)
+        try await c.discover(device)
+        try await Task.sleep(for: .milliseconds(400))
+        // Static payload, DuplicateData=false (the default): nothing after the first sighting.
+        #expect(!rec.all.contains { SignalRecorder.describe($0).contains("ManufacturerData") })
+        try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StopDiscovery")
+        try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "SetDiscoveryFilter", [
+            .stringVariantDictionary([("DuplicateData", .boolean(true))])
+        ])
+        try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StartDiscovery")
+        try await rec.wait("repeated data") {
+            $0.filter { SignalRecorder.describe($0).contains("ManufacturerData") }.count >= 4
+        }
+    }
+
+    @Test func rssiFilterKeepsWeakDevicesOut() async throws {
+        let sim = try demoFixture()
+        defer { sim.stop() }
+        let c = try Client(sim)
+        try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "SetDiscoveryFilter", [
+            .stringVariantDictionary([("RSSI", .int16(-65)), ("Transport", .string("le"))])
+        ])
+        try await c.discover(hrPath)  // -58 ± 3
+        try await Task.sleep(for: .milliseconds(500))
+        let paths = try await c.managedPaths()
+        #expect(!paths.contains("/org/bluez/hci0/dev_CB_B8_33_4C_88_4F"))  // Ruuvi at -80
+        #expect(!paths.contains("/org/bluez/hci0/dev_A4_C1_38_8F_80_A5"))  // BTHome at -75
+    }
+
+    @Test func hostileCallsNeverCrashTheSimulator() async throws {
+        let sim = try demoFixture()
+        defer { sim.stop() }
+        let c = try Client(sim)
+        try await c.discover(hrPath)
+        try await c.call(hrPath, "org.bluez.Device1", "Connect")
+        try await c.waitResolved(hrPath)
+        let targets: [(DBusObjectPath, String, [String])] = [
+            ("/org/bluez/hci0", "org.bluez.Adapter1",
+             ["StartDiscovery", "StopDiscovery", "SetDiscoveryFilter", "RemoveDevice", "GetDiscoveryFilters"]),
+            ("/org/bluez/hci0", "org.bluez.AdvertisementMonitorManager1", ["RegisterMonitor", "UnregisterMonitor"]),
+            (hrPath, "org.bluez.Device1", ["Pair", "ConnectProfile", "CancelPairing"]),
+            (hrPath.appending("service000d/char000e"), "org.bluez.GattCharacteristic1",
+             ["ReadValue", "WriteValue", "AcquireWrite", "AcquireNotify", "StartNotify", "StopNotify"]),
+            (hrPath.appending("service000d/char000e/desc0010"), "org.bluez.GattDescriptor1", ["ReadValue", "WriteValue"]),
+            ("/org/bluez/sim", "io.blebridge.Simulator1",
+             ["AddPeripheral", "SetAdvertisement", "PushNotification", "SetNotificationRate", "InjectFault",
+              "Disconnect", "GetWrites", "Burst", "RemovePeripheral"]),
+        ]
+        let argumentSets: [[DBusValue]] = [
+            [], [.string("")], [.string("\u{1}\u{7f}ÿ")], [.uint32(.max)], [.objectPath("/")],
+            [.stringVariantDictionary([("offset", .string("x")), ("type", .uint32(1))])],
+            [.bytes(Array(repeating: 0xFF, count: 4096)), .stringVariantDictionary([("offset", .uint16(.max))])],
+            [.string("A0:9E:1A:4F:2C:11"), .string("2A37"), .bytes([])],
+            [.string("A0:9E:1A:4F:2C:11"), .string("[[[[{"), .string("{count: -1}")],
+            [.string("A0:9E:1A:4F:2C:11"), .string("2A37"), .double(.infinity)],
+            [.string("A0:9E:1A:4F:2C:11"), .string("2A37"), .uint32(10_000_001)],
+            [.stringVariantDictionary([("UUIDs", .array("s", [.string("nope")])), ("RSSI", .int16(.min))])],
+        ]
+        var answered = 0
+        for (path, interface, methods) in targets {
+            for method in methods {
+                for args in argumentSets {
+                    _ = await c.error(path, interface, method, args, timeout: .seconds(5))
+                    answered += 1
+                }
+            }
+        }
+        #expect(answered == 27 * argumentSets.count)
+        #expect(sim.process.isRunning)
+        try await c.connection.ping("org.bluez")
+        #expect(await c.property("/org/bluez/hci0", "org.bluez.Adapter1", "Powered")?.bool == true)
+    }
+}
