@@ -191,7 +191,7 @@ public final class DBusConnection: Sendable {
             continuation.finish()
             throw error
         }
-        return DBusSignalStream(stream: stream)
+        return DBusSignalStream(stream: stream, lifetime: SubscriptionLifetime { continuation.finish() })
     }
 
     /// The current owner of `name` (nil when none), then each change, from `NameOwnerChanged`.
@@ -246,7 +246,7 @@ public final class DBusConnection: Sendable {
             continuation.finish()
             throw error
         }
-        return DBusNameOwnerStream(stream: stream)
+        return DBusNameOwnerStream(stream: stream, lifetime: SubscriptionLifetime { continuation.finish() })
     }
 
     /// Calls `org.freedesktop.DBus.Peer.Ping` on `destination`.
@@ -315,26 +315,42 @@ extension DBusValue {
 public struct DBusSignalStream: AsyncSequence, Sendable {
     public typealias Element = DBusMessage
     let stream: AsyncStream<DBusMessage>
+    let lifetime: SubscriptionLifetime
 
     /// The iterator.
     public struct AsyncIterator: AsyncIteratorProtocol {
         var base: AsyncStream<DBusMessage>.Iterator
+        let lifetime: SubscriptionLifetime
         public mutating func next() async -> DBusMessage? { await base.next() }
     }
 
-    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(base: stream.makeAsyncIterator()) }
+    public func makeAsyncIterator() -> AsyncIterator {
+        AsyncIterator(base: stream.makeAsyncIterator(), lifetime: lifetime)
+    }
+}
+
+/// Ends a subscription (RemoveMatch, buffer released) once neither its stream nor any iterator is left, even if
+/// nobody ever iterated.
+final class SubscriptionLifetime: Sendable {
+    private let end: @Sendable () -> Void
+    init(_ end: @escaping @Sendable () -> Void) { self.end = end }
+    deinit { end() }
 }
 
 /// The owner of a name (nil when none) and then each change. Ends when the connection closes or is lost.
 public struct DBusNameOwnerStream: AsyncSequence, Sendable {
     public typealias Element = String?
     let stream: AsyncStream<String?>
+    let lifetime: SubscriptionLifetime
 
     /// The iterator.
     public struct AsyncIterator: AsyncIteratorProtocol {
         var base: AsyncStream<String?>.Iterator
+        let lifetime: SubscriptionLifetime
         public mutating func next() async -> String?? { await base.next() }
     }
 
-    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(base: stream.makeAsyncIterator()) }
+    public func makeAsyncIterator() -> AsyncIterator {
+        AsyncIterator(base: stream.makeAsyncIterator(), lifetime: lifetime)
+    }
 }
