@@ -506,6 +506,40 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
         #expect(!paths.contains("/org/bluez/hci0/dev_A4_C1_38_8F_80_A5"))  // BTHome at -75
     }
 
+    @Test func optionalPropertiesAreAbsentAndRemoveDeviceDisconnectsFirst() async throws {
+        let sim = try SimulatorFixture(
+            scenario: """
+                peripherals:
+                  - address: "C0:FF:EE:00:00:02"
+                    gatt: [{uuid: "180F", characteristics: [{uuid: "2A19", flags: [read], value: "64"}]}]
+                """)
+        defer { sim.stop() }
+        let c = try Client(sim)
+        let device: DBusObjectPath = "/org/bluez/hci0/dev_C0_FF_EE_00_00_02"
+        try await c.discover(device)
+        let all = try await c.call(device, "org.freedesktop.DBus.Properties", "GetAll", [.string("org.bluez.Device1")])
+            .first?.stringVariantDictionary ?? [:]
+        for absent in ["Name", "TxPower", "ManufacturerData", "ServiceData", "Appearance", "Icon", "Class"] {
+            #expect(all[absent] == nil, "\(absent) should be absent")
+        }
+        #expect(all["Alias"] == .string("C0-FF-EE-00-00-02"))
+        #expect(all["RSSI"] == .int16(-60))
+        #expect(all["AddressType"] == .string("public"))
+        #expect(all["Adapter"] == .objectPath("/org/bluez/hci0"))
+        try await c.call(device, "org.bluez.Device1", "Connect")
+        try await c.waitResolved(device)
+        try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StopDiscovery")  // else it would be found again
+        let rec = try await SignalRecorder(c.connection)
+        try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "RemoveDevice", [.objectPath(device)])
+        try await rec.wait("device removed") { $0.contains { SignalRecorder.describe($0) == "IR \(device.rawValue)" } }
+        let order = rec.all.map(SignalRecorder.describe)
+        let disconnected = try #require(order.firstIndex(of: "PC \(device.rawValue) {Connected}"))
+        let removed = try #require(order.firstIndex(of: "IR \(device.rawValue)"))
+        #expect(disconnected < removed)
+        #expect(await c.error("/org/bluez/hci0", "org.bluez.Adapter1", "RemoveDevice", [.objectPath(device)])
+            == DBusError(name: "org.bluez.Error.DoesNotExist", message: "Does Not Exist"))
+    }
+
     @Test func hostileCallsNeverCrashTheSimulator() async throws {
         let sim = try demoFixture()
         defer { sim.stop() }
