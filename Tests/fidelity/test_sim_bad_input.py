@@ -210,3 +210,19 @@ def test_spawn_bus_stops_its_daemon_on_sigterm():
     s.stop()
     assert s.proc.returncode == 0
     assert not os.path.exists(bus_socket)
+
+
+def test_spawned_sim_exits_when_its_bus_dies():
+    import os
+    import signal
+    from sim_fixtures import start_simulator
+    s = start_simulator()
+    try:
+        children = subprocess.run(["pgrep", "-P", str(s.proc.pid), "dbus-daemon"], capture_output=True, text=True)
+        daemon = int(children.stdout.split()[0])
+        os.kill(daemon, signal.SIGKILL)
+        assert s.proc.wait(10) == 1
+        from sim_fixtures import wait_until
+        assert wait_until(lambda: any("lost the bus connection" in line for line in s.stderr_lines), 3)
+    finally:
+        s.stop()
