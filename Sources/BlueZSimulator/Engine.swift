@@ -2,37 +2,37 @@
 // and the property diff rules of BlueZ's device.c. No D-Bus here, so all of it is unit-testable.
 
 /// A characteristic or descriptor of the simulated GATT database with its BlueZ handle.
-public struct SimGATTLayout: Sendable, Equatable {
-    public struct Descriptor: Sendable, Equatable {
-        public var handle: UInt16
-        public var uuid: SimUUID
-        public var value: [UInt8]
+struct SimGATTLayout: Sendable, Equatable {
+    struct Descriptor: Sendable, Equatable {
+        var handle: UInt16
+        var uuid: SimUUID
+        var value: [UInt8]
         /// The object path suffix (`/service000c/char000d/desc000f`).
-        public var pathSuffix: String
+        var pathSuffix: String
     }
-    public struct Characteristic: Sendable, Equatable {
+    struct Characteristic: Sendable, Equatable {
         /// The declaration handle (the object path and `Handle` property use it; the value handle is +1).
-        public var handle: UInt16
-        public var spec: SimCharacteristicSpec
-        public var descriptors: [Descriptor]
-        public var pathSuffix: String
+        var handle: UInt16
+        var spec: SimCharacteristicSpec
+        var descriptors: [Descriptor]
+        var pathSuffix: String
         /// Index into `descriptors` of the CCCD, if any.
-        public var cccdIndex: Int?
+        var cccdIndex: Int?
     }
-    public struct Service: Sendable, Equatable {
-        public var handle: UInt16
-        public var endHandle: UInt16
-        public var uuid: SimUUID
-        public var primary: Bool
-        public var characteristics: [Characteristic]
-        public var pathSuffix: String
+    struct Service: Sendable, Equatable {
+        var handle: UInt16
+        var endHandle: UInt16
+        var uuid: SimUUID
+        var primary: Bool
+        var characteristics: [Characteristic]
+        var pathSuffix: String
     }
-    public var services: [Service]
+    var services: [Service]
 
     /// Numbers attributes the way a typical peripheral lays them out and BlueZ reports them: the first service at
     /// handle 0x0001; a characteristic takes a declaration and a value handle; its CCCD (added for notify/indicate)
     /// comes right after the value, then the scenario's descriptors.
-    public init(_ gatt: [SimServiceSpec]) {
+    init(_ gatt: [SimServiceSpec]) {
         var handle: UInt16 = 1
         services = []
         for s in gatt {
@@ -82,23 +82,23 @@ func deviceComponent(_ address: String) -> String {
 }
 
 /// One client's discovery filter (Adapter1.SetDiscoveryFilter).
-public struct SimDiscoveryFilter: Sendable, Equatable {
-    public var uuids: [SimUUID] = []
-    public var rssi: Int?
-    public var pathloss: Int?
-    public var transport: String = "auto"
-    public var duplicateData = false
-    public var discoverable = false
-    public var pattern: String?
-    public init() {}
+struct SimDiscoveryFilter: Sendable, Equatable {
+    var uuids: [SimUUID] = []
+    var rssi: Int?
+    var pathloss: Int?
+    var transport: String = "auto"
+    var duplicateData = false
+    var discoverable = false
+    var pattern: String?
+    init() {}
 
     /// The keys BlueZ accepts.
-    public static let knownKeys: Set<String> = [
+    static let knownKeys: Set<String> = [
         "UUIDs", "RSSI", "Pathloss", "Transport", "DuplicateData", "Discoverable", "Pattern", "AutoConnect",
     ]
 
     /// True when an advertisement with these properties passes this filter (adapter.c `is_filter_match`).
-    public func matches(name: String?, address: String, rssi: Int, txPower: Int?, uuids: [SimUUID]) -> Bool {
+    func matches(name: String?, address: String, rssi: Int, txPower: Int?, uuids: [SimUUID]) -> Bool {
         if transport == "bredr" { return false }
         if !self.uuids.isEmpty, !uuids.contains(where: { self.uuids.contains($0) }) { return false }
         if let threshold = self.rssi, rssi < threshold { return false }
@@ -111,25 +111,25 @@ public struct SimDiscoveryFilter: Sendable, Equatable {
 }
 
 /// Per-device advertisement state as BlueZ has reported it, and the diff rules for a new advertisement.
-public struct SimAdvertisementState: Sendable, Equatable {
+struct SimAdvertisementState: Sendable, Equatable {
     /// What BlueZ last signalled (nil = absent or invalidated).
-    public var rssi: Int?
-    public var txPower: Int?
-    public var manufacturerData: [UInt16: [UInt8]] = [:]
-    public var serviceData: [String: [UInt8]] = [:]
-    public var uuids: [String] = []
-    public var name: String?
-    public init() {}
+    var rssi: Int?
+    var txPower: Int?
+    var manufacturerData: [UInt16: [UInt8]] = [:]
+    var serviceData: [String: [UInt8]] = [:]
+    var uuids: [String] = []
+    var name: String?
+    init() {}
 
     /// One received advertisement.
-    public struct Advertisement: Sendable, Equatable {
-        public var rssi: Int
-        public var txPower: Int?
-        public var name: String?
-        public var manufacturerData: [(UInt16, [UInt8])]
-        public var serviceData: [(SimUUID, [UInt8])]
-        public var uuids: [SimUUID]
-        public static func == (a: Advertisement, b: Advertisement) -> Bool {
+    struct Advertisement: Sendable, Equatable {
+        var rssi: Int
+        var txPower: Int?
+        var name: String?
+        var manufacturerData: [(UInt16, [UInt8])]
+        var serviceData: [(SimUUID, [UInt8])]
+        var uuids: [SimUUID]
+        static func == (a: Advertisement, b: Advertisement) -> Bool {
             a.rssi == b.rssi && a.txPower == b.txPower && a.name == b.name && a.uuids == b.uuids
                 && a.manufacturerData.map(\.0) == b.manufacturerData.map(\.0)
                 && a.manufacturerData.map(\.1) == b.manufacturerData.map(\.1)
@@ -142,7 +142,7 @@ public struct SimAdvertisementState: Sendable, Equatable {
     ///   - rssiThreshold: 8 dBm, or 0 when a filter sets RSSI/Pathloss.
     ///   - duplicateData: a client asked for DuplicateData: data is re-signalled on every advertisement.
     ///   - servicesResolved: after resolution, advertised UUIDs are ignored.
-    public mutating func apply(_ adv: Advertisement, rssiThreshold: Int, duplicateData: Bool, servicesResolved: Bool)
+    mutating func apply(_ adv: Advertisement, rssiThreshold: Int, duplicateData: Bool, servicesResolved: Bool)
         -> Set<String>
     {
         var changed: Set<String> = []
@@ -181,7 +181,7 @@ public struct SimAdvertisementState: Sendable, Equatable {
 }
 
 /// An ATT error a read or write can be made to fail with, and its BlueZ D-Bus mapping (`create_gatt_dbus_error`).
-public func simATTError(_ code: UInt8, write: Bool) -> (name: String, message: String) {
+func simATTError(_ code: UInt8, write: Bool) -> (name: String, message: String) {
     switch code {
     case 0x02: return ("org.bluez.Error.NotPermitted", "Read not permitted")
     case 0x03: return ("org.bluez.Error.NotPermitted", "Write not permitted")
@@ -241,11 +241,11 @@ func advertisingStructures(_ adv: SimAdvertisementState.Advertisement, connectab
 }
 
 /// An or_patterns entry: (start position, AD type, content).
-public struct SimMonitorPattern: Sendable, Equatable {
-    public var start: Int
-    public var adType: UInt8
-    public var content: [UInt8]
-    public init(start: Int, adType: UInt8, content: [UInt8]) {
+struct SimMonitorPattern: Sendable, Equatable {
+    var start: Int
+    var adType: UInt8
+    var content: [UInt8]
+    init(start: Int, adType: UInt8, content: [UInt8]) {
         self.start = start
         self.adType = adType
         self.content = content

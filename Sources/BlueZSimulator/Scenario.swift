@@ -7,10 +7,12 @@ public struct ScenarioError: Error, Sendable, Equatable, CustomStringConvertible
     public var path: String
     /// Why the value was rejected.
     public var reason: String
+    /// Creates an error for `path` (empty for the document) with a human-readable `reason`.
     public init(path: String, reason: String) {
         self.path = path
         self.reason = reason
     }
+    /// `path: reason`, or just the reason for the whole document.
     public var description: String { path.isEmpty ? reason : "\(path): \(reason)" }
 }
 
@@ -41,14 +43,17 @@ public struct SimUUID: Hashable, Sendable, CustomStringConvertible {
         return UInt16(string.dropFirst(4).prefix(4), radix: 16)
     }
 
+    /// The 128-bit lowercase form.
     public var description: String { string }
 }
 
 /// A value that cycles through a list (or stays fixed when the list has one element).
 public struct SimSequence: Sendable, Equatable {
+    /// The values, in order (at least one).
     public var values: [[UInt8]]
     /// Seconds each value lasts; nil = advance on every advertisement.
     public var period: Double?
+    /// Creates a sequence; `period` nil advances on every advertisement.
     public init(values: [[UInt8]], period: Double? = nil) {
         self.values = values
         self.period = period
@@ -64,12 +69,14 @@ public struct SimSequence: Sendable, Equatable {
 
 /// How a characteristic's notifications are generated.
 public struct SimNotifyGenerator: Sendable, Equatable {
+    /// Where the values come from.
     public enum Source: Sendable, Equatable {
         /// Cycles through the values.
         case sequence([[UInt8]])
         /// An unsigned little-endian counter of `size` bytes.
         case counter(start: UInt64, step: UInt64, size: Int)
     }
+    /// The value source.
     public var source: Source
     /// Notifications per second; 0 = only on demand (PushNotification).
     public var rateHz: Double
@@ -88,17 +95,23 @@ public struct SimNotifyGenerator: Sendable, Equatable {
 
 /// A GATT descriptor in the scenario.
 public struct SimDescriptorSpec: Sendable, Equatable {
+    /// The descriptor UUID.
     public var uuid: SimUUID
+    /// The value reads return.
     public var value: [UInt8]
 }
 
 /// A GATT characteristic in the scenario.
 public struct SimCharacteristicSpec: Sendable, Equatable {
+    /// The characteristic UUID.
     public var uuid: SimUUID
     /// Client-side flags in BlueZ's order (`read`, `write-without-response`, `write`, `notify`, `indicate`...).
     public var flags: [String]
+    /// The peripheral-side value (what reads return).
     public var value: [UInt8]
+    /// Descriptors besides the automatic CCCD (a 0x2904 from `presentation_format` included).
     public var descriptors: [SimDescriptorSpec]
+    /// The notification generator, if any.
     public var notify: SimNotifyGenerator?
     /// UUID of the characteristic on which a write is echoed as a notification.
     public var echoTo: SimUUID?
@@ -106,32 +119,54 @@ public struct SimCharacteristicSpec: Sendable, Equatable {
 
 /// A GATT service in the scenario.
 public struct SimServiceSpec: Sendable, Equatable {
+    /// The service UUID.
     public var uuid: SimUUID
+    /// Whether it is a primary service.
     public var primary: Bool
+    /// The characteristics, in handle order.
     public var characteristics: [SimCharacteristicSpec]
 }
 
 /// One simulated peripheral.
 public struct SimPeripheralSpec: Sendable, Equatable {
+    /// The device address, upper-case.
     public var address: String
+    /// `public` or `random`.
     public var addressType: String
+    /// The adapter id (`hci0`).
     public var adapter: String
+    /// The advertised local name.
     public var name: String?
+    /// The GAP appearance.
     public var appearance: UInt16?
+    /// Mean RSSI in dBm.
     public var rssi: Int
+    /// Uniform jitter in dBm around `rssi`.
     public var rssiJitter: Int
+    /// Advertised TX power in dBm.
     public var txPower: Int?
+    /// Seconds between advertisements.
     public var advertisingInterval: Double
+    /// Whether it accepts connections.
     public var connectable: Bool
+    /// Whether it advertises.
     public var advertising: Bool
+    /// Advertised service UUIDs.
     public var serviceUUIDs: [SimUUID]
+    /// Manufacturer data per company id.
     public var manufacturerData: [(company: UInt16, data: SimSequence)]
+    /// Service data per UUID.
     public var serviceData: [(uuid: SimUUID, data: SimSequence)]
+    /// Seconds from Connect() to the link coming up.
     public var connectDelay: Double
+    /// Seconds from the Connect reply to ServicesResolved.
     public var servicesDelay: Double
+    /// Seconds from Disconnect() to Connected=false.
     public var disconnectDelay: Double
+    /// The GATT database.
     public var gatt: [SimServiceSpec]
 
+    /// Equality over the fields tests compare (tuples are not Equatable).
     public static func == (a: SimPeripheralSpec, b: SimPeripheralSpec) -> Bool {
         a.address == b.address && a.name == b.name && a.gatt == b.gatt && a.rssi == b.rssi
             && a.manufacturerData.map(\.company) == b.manufacturerData.map(\.company)
@@ -143,15 +178,21 @@ public struct SimPeripheralSpec: Sendable, Equatable {
 
 /// One simulated adapter.
 public struct SimAdapterSpec: Sendable, Equatable {
+    /// The adapter name (`hci0`).
     public var id: String
+    /// The adapter address.
     public var address: String
+    /// Name and Alias.
     public var name: String
+    /// Whether it starts powered.
     public var powered: Bool
 }
 
 /// A whole scenario.
 public struct Scenario: Sendable, Equatable {
+    /// The adapters (at least one).
     public var adapters: [SimAdapterSpec]
+    /// The peripherals, in file order.
     public var peripherals: [SimPeripheralSpec]
     /// Seconds after its last advertisement that a temporary device is removed (BlueZ TemporaryTimeout).
     public var temporaryTimeout: Double

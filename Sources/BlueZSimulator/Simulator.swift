@@ -8,7 +8,9 @@ import YAML
 
 /// Errors of the simulator as a process (startup, bus).
 public struct SimulatorError: Error, Sendable, CustomStringConvertible {
+    /// What went wrong, for the operator.
     public var description: String
+    /// Creates an error with its message.
     public init(_ description: String) { self.description = description }
 }
 

@@ -13,6 +13,7 @@ public struct YAMLNode: Sendable, Equatable {
         /// A sequence.
         case sequence([YAMLNode])
 
+        /// Structural equality (mapping order matters).
         public static func == (lhs: Value, rhs: Value) -> Bool {
             switch (lhs, rhs) {
             case (.scalar(let a, let qa), .scalar(let b, let qb)): return a == b && qa == qb
@@ -24,10 +25,14 @@ public struct YAMLNode: Sendable, Equatable {
         }
     }
 
+    /// The content.
     public var value: Value
+    /// 1-based line of the node's start (0 when built in code).
     public var line: Int
+    /// 1-based column of the node's start (0 when built in code).
     public var column: Int
 
+    /// Creates a node (tests and callers that build trees).
     public init(_ value: Value, line: Int = 0, column: Int = 0) {
         self.value = value
         self.line = line
@@ -117,14 +122,19 @@ public struct YAMLNode: Sendable, Equatable {
 
 /// A YAML syntax error with libyaml's problem text and position.
 public struct YAMLError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// libyaml's problem text (with its context), or the reason the tree was rejected.
     public var message: String
+    /// 1-based line of the problem.
     public var line: Int
+    /// 1-based column of the problem.
     public var column: Int
+    /// Creates an error at a position.
     public init(message: String, line: Int, column: Int) {
         self.message = message
         self.line = line
         self.column = column
     }
+    /// `line L, column C: message`.
     public var description: String { "line \(line), column \(column): \(message)" }
 }
 
@@ -157,7 +167,7 @@ public enum YAMLParser {
                     return builder.root ?? YAMLNode(.mapping([]), line: 1, column: 1)
                 }
                 try builder.handle(event)
-                if builder.root != nil, builder.stack.isEmpty { return builder.root! }
+                if let root = builder.root, builder.stack.isEmpty { return root }
             }
         }
     }

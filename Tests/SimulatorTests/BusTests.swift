@@ -483,9 +483,11 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
         // Static payload, DuplicateData=false (the default): nothing after the first sighting.
         #expect(!rec.all.contains { SignalRecorder.describe($0).contains("ManufacturerData") })
         try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StopDiscovery")
-        try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "SetDiscoveryFilter", [
-            .stringVariantDictionary([("DuplicateData", .boolean(true))])
-        ])
+        try await c.call(
+            "/org/bluez/hci0", "org.bluez.Adapter1", "SetDiscoveryFilter",
+            [
+                .stringVariantDictionary([("DuplicateData", .boolean(true))])
+            ])
         try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StartDiscovery")
         try await rec.wait("repeated data") {
             $0.filter { SignalRecorder.describe($0).contains("ManufacturerData") }.count >= 4
@@ -496,9 +498,11 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
         let sim = try demoFixture()
         defer { sim.stop() }
         let c = try Client(sim)
-        try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "SetDiscoveryFilter", [
-            .stringVariantDictionary([("RSSI", .int16(-65)), ("Transport", .string("le"))])
-        ])
+        try await c.call(
+            "/org/bluez/hci0", "org.bluez.Adapter1", "SetDiscoveryFilter",
+            [
+                .stringVariantDictionary([("RSSI", .int16(-65)), ("Transport", .string("le"))])
+            ])
         try await c.discover(hrPath)  // -58 ± 3
         try await Task.sleep(for: .milliseconds(500))
         let paths = try await c.managedPaths()
@@ -517,7 +521,8 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
         let c = try Client(sim)
         let device: DBusObjectPath = "/org/bluez/hci0/dev_C0_FF_EE_00_00_02"
         try await c.discover(device)
-        let all = try await c.call(device, "org.freedesktop.DBus.Properties", "GetAll", [.string("org.bluez.Device1")])
+        let all =
+            try await c.call(device, "org.freedesktop.DBus.Properties", "GetAll", [.string("org.bluez.Device1")])
             .first?.stringVariantDictionary ?? [:]
         for absent in ["Name", "TxPower", "ManufacturerData", "ServiceData", "Appearance", "Icon", "Class"] {
             #expect(all[absent] == nil, "\(absent) should be absent")
@@ -536,8 +541,9 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
         let disconnected = try #require(order.firstIndex(of: "PC \(device.rawValue) {Connected}"))
         let removed = try #require(order.firstIndex(of: "IR \(device.rawValue)"))
         #expect(disconnected < removed)
-        #expect(await c.error("/org/bluez/hci0", "org.bluez.Adapter1", "RemoveDevice", [.objectPath(device)])
-            == DBusError(name: "org.bluez.Error.DoesNotExist", message: "Does Not Exist"))
+        #expect(
+            await c.error("/org/bluez/hci0", "org.bluez.Adapter1", "RemoveDevice", [.objectPath(device)])
+                == DBusError(name: "org.bluez.Error.DoesNotExist", message: "Does Not Exist"))
     }
 
     @Test func hostileCallsNeverCrashTheSimulator() async throws {
@@ -548,16 +554,27 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
         try await c.call(hrPath, "org.bluez.Device1", "Connect")
         try await c.waitResolved(hrPath)
         let targets: [(DBusObjectPath, String, [String])] = [
-            ("/org/bluez/hci0", "org.bluez.Adapter1",
-             ["StartDiscovery", "StopDiscovery", "SetDiscoveryFilter", "RemoveDevice", "GetDiscoveryFilters"]),
+            (
+                "/org/bluez/hci0", "org.bluez.Adapter1",
+                ["StartDiscovery", "StopDiscovery", "SetDiscoveryFilter", "RemoveDevice", "GetDiscoveryFilters"]
+            ),
             ("/org/bluez/hci0", "org.bluez.AdvertisementMonitorManager1", ["RegisterMonitor", "UnregisterMonitor"]),
             (hrPath, "org.bluez.Device1", ["Pair", "ConnectProfile", "CancelPairing"]),
-            (hrPath.appending("service000d/char000e"), "org.bluez.GattCharacteristic1",
-             ["ReadValue", "WriteValue", "AcquireWrite", "AcquireNotify", "StartNotify", "StopNotify"]),
-            (hrPath.appending("service000d/char000e/desc0010"), "org.bluez.GattDescriptor1", ["ReadValue", "WriteValue"]),
-            ("/org/bluez/sim", "io.blebridge.Simulator1",
-             ["AddPeripheral", "SetAdvertisement", "PushNotification", "SetNotificationRate", "InjectFault",
-              "Disconnect", "GetWrites", "Burst", "RemovePeripheral"]),
+            (
+                hrPath.appending("service000d/char000e"), "org.bluez.GattCharacteristic1",
+                ["ReadValue", "WriteValue", "AcquireWrite", "AcquireNotify", "StartNotify", "StopNotify"]
+            ),
+            (
+                hrPath.appending("service000d/char000e/desc0010"), "org.bluez.GattDescriptor1",
+                ["ReadValue", "WriteValue"]
+            ),
+            (
+                "/org/bluez/sim", "io.blebridge.Simulator1",
+                [
+                    "AddPeripheral", "SetAdvertisement", "PushNotification", "SetNotificationRate", "InjectFault",
+                    "Disconnect", "GetWrites", "Burst", "RemovePeripheral",
+                ]
+            ),
         ]
         let argumentSets: [[DBusValue]] = [
             [], [.string("")], [.string("\u{1}\u{7f}ÿ")], [.uint32(.max)], [.objectPath("/")],
