@@ -318,7 +318,7 @@ extension BlueZSimulator {
     /// Sends `count` notifications as fast as possible; each value is its 4-byte little-endian sequence number.
     func burst(_ call: DBusMethodCall) {
         guard let (d, c) = controlCharacteristic(call) else { return }
-        guard call.arguments.count == 3, let n = call.arguments[2].uint32, n <= 10_000_000 else {
+        guard call.arguments.count == 3, let n = call.arguments[2].uint32, n <= 1_000_000 else {
             return call.reply.fail(Self.invalidArguments)
         }
         guard d.isConnected, c.isSubscribed else {
