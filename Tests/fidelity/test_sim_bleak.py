@@ -81,7 +81,7 @@ def test_start_notify_delivers_at_the_configured_rate(sim):
     values = [v for _, v in received]
     assert values == HRM_SEQUENCE[:len(values)]
     gaps = [b[0] - a[0] for a, b in zip(received, received[1:])]
-    assert all(0.8 <= g <= 1.2 for g in gaps), gaps
+    assert all(0.7 <= g <= 1.3 for g in gaps), gaps
 
 
 def test_read_and_write_with_and_without_response(sim):
