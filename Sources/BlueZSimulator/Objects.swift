@@ -140,6 +140,14 @@ extension BlueZSimulator {
         guard let server else { return }
         server.addInterfaces(at: "/org/bluez", rootInterfaces())
         for a in adapters { server.addInterfaces(at: a.path, adapterInterfaces(a)) }
+        // Paired devices come from BlueZ's storage: exported at start-up, without RSSI, never temporary.
+        for d in devices where d.spec.paired {
+            d.paired = true
+            d.temporary = false
+            d.adv.name = d.spec.name
+            d.adv.uuids = d.spec.serviceUUIDs.map(\.string)
+            exportDevice(d)
+        }
         // The control object has its own server (an ObjectManager of its own at its path), so that clients
         // reading org.bluez's tree through GetManagedObjects on "/" see only what bluetoothd would export.
         controlServer?.addInterfaces(at: "/org/bluez/sim", [(controlInterface(), [:])])
@@ -227,6 +235,7 @@ extension BlueZSimulator {
         server.removeObject(at: d.path)
         d.exported = false
         d.temporary = true
+        d.paired = false
         d.adv = SimAdvertisementState()
         d.seenInDiscovery = false
         d.expiryGeneration += 1

@@ -165,6 +165,8 @@ public struct SimPeripheralSpec: Sendable, Equatable {
     public var disconnectDelay: Double
     /// The GATT database.
     public var gatt: [SimServiceSpec]
+    /// Paired and bonded before start-up: the device object exists from the start (no RSSI) like BlueZ's cache.
+    public var paired: Bool = false
 
     /// Equality over the fields tests compare (tuples are not Equatable).
     public static func == (a: SimPeripheralSpec, b: SimPeripheralSpec) -> Bool {
@@ -401,7 +403,7 @@ enum ScenarioReader {
     static let peripheralKeys: Set<String> = [
         "address", "address_type", "adapter", "name", "appearance", "rssi", "rssi_jitter", "tx_power",
         "advertising_interval", "connectable", "advertising", "service_uuids", "manufacturer_data", "service_data",
-        "delays", "gatt",
+        "delays", "gatt", "paired",
     ]
 
     static func peripheral(_ node: YAMLNode, path: String, defaultAdapter: String) throws(E) -> SimPeripheralSpec {
@@ -424,7 +426,7 @@ enum ScenarioReader {
             connectable: try bool(p["connectable"], path + ".connectable", default: true),
             advertising: try bool(p["advertising"], path + ".advertising", default: true),
             serviceUUIDs: [], manufacturerData: [], serviceData: [], connectDelay: 0.02, servicesDelay: 0.02,
-            disconnectDelay: 0.01, gatt: [])
+            disconnectDelay: 0.01, gatt: [], paired: try bool(p["paired"], path + ".paired", default: false))
         for (i, u) in try list(p["service_uuids"], path + ".service_uuids").enumerated() {
             spec.serviceUUIDs.append(try uuid(u, "\(path).service_uuids[\(i)]"))
         }

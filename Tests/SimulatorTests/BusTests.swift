@@ -546,6 +546,28 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
                 == DBusError(name: "org.bluez.Error.DoesNotExist", message: "Does Not Exist"))
     }
 
+    @Test func pairedDevicesExistAtStartWithoutRSSI() async throws {
+        let sim = try SimulatorFixture(
+            scenario: """
+                peripherals:
+                  - {address: "C0:FF:EE:00:00:03", name: Known, paired: true, tx_power: 4}
+                  - {address: "C0:FF:EE:00:00:04", name: Stranger}
+                """)
+        defer { sim.stop() }
+        let c = try Client(sim)
+        let known: DBusObjectPath = "/org/bluez/hci0/dev_C0_FF_EE_00_00_03"
+        #expect(try await c.managedPaths() == ["/org/bluez", "/org/bluez/hci0", known.rawValue])
+        #expect(await c.property(known, "org.bluez.Device1", "Paired") == .boolean(true))
+        #expect(await c.property(known, "org.bluez.Device1", "Name") == .string("Known"))
+        #expect(await c.property(known, "org.bluez.Device1", "RSSI") == nil)
+        try await c.discover(known)
+        for _ in 0..<100 where await c.property(known, "org.bluez.Device1", "RSSI") == nil {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        #expect(await c.property(known, "org.bluez.Device1", "RSSI") == .int16(-60))
+        #expect(await c.property(known, "org.bluez.Device1", "TxPower") == .int16(4))
+    }
+
     @Test func hostileCallsNeverCrashTheSimulator() async throws {
         let sim = try demoFixture()
         defer { sim.stop() }
