@@ -175,23 +175,71 @@ public final class DBusConnection: Sendable {
     /// Adds the match rule on the bus (awaiting the reply) and returns the matching signals. The rule is removed
     /// (`RemoveMatch`) when the stream's consumer stops iterating or drops it; the stream ends when the
     /// connection closes.
+    ///
+    /// With a well-known `sender` (such as `org.bluez`) the connection also follows that name's owner, so that
+    /// signals the bus delivered for another rule of this connection are not routed to this stream.
     public func signals(matching rule: DBusMatchRule) async throws(DBusError) -> DBusSignalStream {
         let (stream, continuation) = AsyncStream<DBusMessage>.makeStream(bufferingPolicy: .unbounded)
+        var tracker: OwnerTracker? = nil
+        if let sender = rule.sender, !sender.hasPrefix(":"), sender != "org.freedesktop.DBus" {
+            try Names.busName(sender)
+            tracker = OwnerTracker()
+        }
         let subscription = SignalSubscription(
-            rule: rule, deliver: { continuation.yield($0) }, finish: { continuation.finish() })
+            rule: rule,
+            deliver: { [tracker] message in
+                if let tracker, !tracker.accepts(message.sender) { return }
+                continuation.yield(message)
+            }, finish: { continuation.finish() })
         guard let id = core.addSubscription(subscription) else {
             throw DBusError(name: DBusError.disconnected, message: "the D-Bus connection is closed")
         }
         let core = self.core
-        continuation.onTermination = { _ in core.removeSubscription(id, removeMatch: true) }
-        do {
+        continuation.onTermination = { [tracker] _ in
+            core.removeSubscription(id, removeMatch: true)
+            if let trackerID = tracker?.subscriptionID.withLock({ $0 }) {
+                core.removeSubscription(trackerID, removeMatch: true)
+            }
+        }
+        do throws(DBusError) {
             _ = try await core.callBus("AddMatch", [.string(rule.rule)])
+            if let tracker, let sender = rule.sender { try await follow(owner: sender, into: tracker) }
         } catch {
-            core.removeSubscription(id, removeMatch: false)
             continuation.finish()
             throw error
         }
         return DBusSignalStream(stream: stream, lifetime: SubscriptionLifetime { continuation.finish() })
+    }
+
+    /// Keeps `tracker` up to date with the owner of `name` (NameOwnerChanged, then GetNameOwner).
+    private func follow(owner name: String, into tracker: OwnerTracker) async throws(DBusError) {
+        let rule = DBusMatchRule(
+            sender: "org.freedesktop.DBus", interface: "org.freedesktop.DBus", member: "NameOwnerChanged",
+            path: "/org/freedesktop/DBus", arguments: [0: name])
+        let subscription = SignalSubscription(
+            rule: rule,
+            deliver: { message in
+                guard message.body.count == 3, let owner = message.body[2].string else { return }
+                tracker.set(owner.isEmpty ? nil : owner)
+            }, finish: {})
+        guard let id = core.addSubscription(subscription) else {
+            throw DBusError(name: DBusError.disconnected, message: "the D-Bus connection is closed")
+        }
+        tracker.subscriptionID.withLock { $0 = id }
+        _ = try await core.callBus("AddMatch", [.string(rule.rule)])
+        let message = DBusMessage.methodCall(
+            destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
+            method: "GetNameOwner", body: [.string(name)])
+        let outcome = await core.call(try Marshal.build(message), timeout: .seconds(25)) { outcome in
+            // On the I/O thread, in order with the signals.
+            guard case .success(let reply) = outcome else { return }
+            if reply.type == DBUS_MESSAGE_TYPE_ERROR {
+                if ConnectionCore.errorFromReply(reply).name == DBusError.nameHasNoOwner { tracker.set(nil) }
+            } else {
+                tracker.set((try? Marshal.decodeBody(reply.pointer))?.first?.string)
+            }
+        }
+        _ = try outcome.get()
     }
 
     /// The current owner of `name` (nil when none), then each change, from `NameOwnerChanged`.
@@ -261,7 +309,7 @@ public final class DBusConnection: Sendable {
         try Names.busName(name)
         do {
             return try await core.callBus("GetNameOwner", [.string(name)]).first?.string
-        } catch where error.name == DBusError.nameHasNoOwner {
+        } catch  where error.name == DBusError.nameHasNoOwner {
             return nil
         }
     }
@@ -300,7 +348,8 @@ extension DBusValue {
     var containsFileDescriptor: Bool {
         switch self {
         case .unixFD: return true
-        case .array(let sig, let elements): return sig.rawValue.contains("h") && elements.contains { $0.containsFileDescriptor }
+        case .array(let sig, let elements):
+            return sig.rawValue.contains("h") && elements.contains { $0.containsFileDescriptor }
         case .dictionary(_, _, let entries):
             return entries.contains { $0.key.containsFileDescriptor || $0.value.containsFileDescriptor }
         case .structure(let fields): return fields.contains { $0.containsFileDescriptor }
@@ -326,6 +375,19 @@ public struct DBusSignalStream: AsyncSequence, Sendable {
 
     public func makeAsyncIterator() -> AsyncIterator {
         AsyncIterator(base: stream.makeAsyncIterator(), lifetime: lifetime)
+    }
+}
+
+/// The owner of a well-known name as last seen on the I/O thread; unknown until the first answer.
+final class OwnerTracker: Sendable {
+    private let owner = Mutex<(known: Bool, owner: String?)>((false, nil))
+    let subscriptionID = Mutex<UInt64?>(nil)
+
+    func set(_ value: String?) { owner.withLock { $0 = (true, value) } }
+
+    /// False only when the owner is known and `sender` is not it.
+    func accepts(_ sender: String?) -> Bool {
+        owner.withLock { state in !state.known || (state.owner != nil && state.owner == sender) }
     }
 }
 

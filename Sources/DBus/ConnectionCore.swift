@@ -66,7 +66,10 @@ final class PendingCall: @unchecked Sendable {
     }
 
     var isCompleted: Bool {
-        state.withLock { if case .initial = $0 { return false } else if case .waiting = $0 { return false }; return true }
+        state.withLock {
+            if case .initial = $0 { return false } else if case .waiting = $0 { return false }
+            return true
+        }
     }
 
     /// Waits for the outcome; cancellation completes the call with ``DBusError/cancelled`` and cancels it in libdbus.
@@ -108,6 +111,10 @@ final class ConnectionCore: @unchecked Sendable {
         var stopping = false
         var threadExited = false
         var idleFlushRequested = false
+        /// The I/O thread is (about to be) blocked in poll and needs the pipe to wake up.
+        var sleeping = false
+        /// Someone already wrote to the pipe since the thread went to sleep.
+        var wakePending = false
         var joinClaimed = false
         var ioThread: pthread_t?
         var clients: [ObjectIdentifier: any ConnectionClient] = [:]
@@ -193,9 +200,8 @@ final class ConnectionCore: @unchecked Sendable {
         let (mustJoin, tid): (Bool, pthread_t?) = shared.withLock { s in
             if !s.stopping {
                 s.stopping = true
-                let wasEmpty = s.queue.isEmpty
                 s.queue.append(.stop)
-                if wasEmpty { wake() }
+                ConnectionCore.wakeIfSleeping(&s, self)
             }
             if s.joinClaimed { return (false, nil) }
             s.joinClaimed = true
@@ -209,9 +215,22 @@ final class ConnectionCore: @unchecked Sendable {
         }
     }
 
-    func wake() {
+    private func wake() {
         var one: UInt8 = 1
         _ = Glibc.write(wakeWriteFD, &one, 1)
+    }
+
+    /// Writes to the wake pipe only when the I/O thread sleeps and nobody woke it yet (one syscall per sleep,
+    /// not per message).
+    static func wakeIfSleeping(_ s: inout Shared, _ core: ConnectionCore) {
+        guard s.sleeping, !s.wakePending else { return }
+        s.wakePending = true
+        core.wake()
+    }
+
+    /// For libdbus's wakeup and dispatch-status callbacks.
+    func wakeFromLibdbus() {
+        shared.withLock { ConnectionCore.wakeIfSleeping(&$0, self) }
     }
 
     // MARK: queueing (any thread)
@@ -221,7 +240,6 @@ final class ConnectionCore: @unchecked Sendable {
         let ok = shared.withLock { s -> Bool in
             if s.stopping { return false }
             if case .perform = work {} else if !s.connected { return false }
-            let wasEmpty = s.queue.isEmpty
             if case .perform = work {
             } else {
                 for id in s.clientOrder {
@@ -231,7 +249,7 @@ final class ConnectionCore: @unchecked Sendable {
                 }
             }
             s.queue.append(work)
-            if wasEmpty { wake() }
+            ConnectionCore.wakeIfSleeping(&s, self)
             return true
         }
         guard ok else { throw DBusError(name: DBusError.disconnected, message: "the D-Bus connection is closed") }
@@ -241,9 +259,8 @@ final class ConnectionCore: @unchecked Sendable {
     func enqueueInternal(_ work: IOWork) {
         shared.withLock { s in
             if s.threadExited { return }
-            let wasEmpty = s.queue.isEmpty
             s.queue.append(work)
-            if wasEmpty { wake() }
+            ConnectionCore.wakeIfSleeping(&s, self)
         }
     }
 
@@ -252,7 +269,7 @@ final class ConnectionCore: @unchecked Sendable {
         shared.withLock { s in
             if s.idleFlushRequested || s.stopping { return }
             s.idleFlushRequested = true
-            if s.queue.isEmpty { wake() }
+            ConnectionCore.wakeIfSleeping(&s, self)
         }
     }
 
@@ -403,13 +420,13 @@ final class ConnectionCore: @unchecked Sendable {
             connection,
             { data in
                 guard let data else { return }
-                Unmanaged<ConnectionCore>.fromOpaque(data).takeUnretainedValue().wake()
+                Unmanaged<ConnectionCore>.fromOpaque(data).takeUnretainedValue().wakeFromLibdbus()
             }, context, nil)
         dbus_connection_set_dispatch_status_function(
             connection,
             { _, status, data in
                 guard let data, status == DBUS_DISPATCH_DATA_REMAINS else { return }
-                Unmanaged<ConnectionCore>.fromOpaque(data).takeUnretainedValue().wake()
+                Unmanaged<ConnectionCore>.fromOpaque(data).takeUnretainedValue().wakeFromLibdbus()
             }, context, nil)
         _ = dbus_connection_add_filter(
             connection,
@@ -424,8 +441,12 @@ final class ConnectionCore: @unchecked Sendable {
             if stop { break }
             dispatchAll()
             if flushClientsIfIdle() { continue }
-            if !shared.withLock({ $0.queue.isEmpty }) { continue }
-            pollOnce()
+            let sleep = shared.withLock { s -> Bool in
+                guard s.queue.isEmpty, !s.idleFlushRequested else { return false }
+                s.sleeping = true
+                return true
+            }
+            if sleep { pollOnce() }
         }
         finishShutdown()
     }
@@ -510,7 +531,8 @@ final class ConnectionCore: @unchecked Sendable {
             dbus_pending_call_cancel(handle)
             dbus_pending_call_unref(handle)
             pending.handle = nil
-            pending.complete(.failure(DBusError(name: DBusError.noMemory, message: "dbus_pending_call_set_notify failed")))
+            pending.complete(
+                .failure(DBusError(name: DBusError.noMemory, message: "dbus_pending_call_set_notify failed")))
         }
     }
 
@@ -572,6 +594,10 @@ final class ConnectionCore: @unchecked Sendable {
             if timeoutMs < 0 || remaining < Int64(timeoutMs) { timeoutMs = Int32(min(remaining, Int64(Int32.max))) }
         }
         let rc = poll(&fds, nfds_t(fds.count), timeoutMs)
+        shared.withLock { s in
+            s.sleeping = false
+            s.wakePending = false
+        }
         if rc < 0 && errno != EINTR { return }
         if fds[0].revents != 0 {
             var buffer = [UInt8](repeating: 0, count: 256)
@@ -601,7 +627,14 @@ final class ConnectionCore: @unchecked Sendable {
     }
 
     private func finishShutdown() {
-        if dbus_connection_get_is_connected(connection) != 0 { dbus_connection_flush(connection) }
+        // Write out what is still queued, but never hang on a stuck bus: at most about a second.
+        var rounds = 0
+        while rounds < 20, dbus_connection_get_is_connected(connection) != 0,
+            dbus_connection_has_messages_to_send(connection) != 0
+        {
+            _ = dbus_connection_read_write(connection, 50)
+            rounds += 1
+        }
         dbus_connection_close(connection)
         dispatchAll()
         markDisconnected()

@@ -46,8 +46,7 @@ final class CMessage: @unchecked Sendable {
 
 /// Name checks for header fields.
 enum Names {
-    static func check(_ value: String, _ what: String, _ validate: (UnsafePointer<CChar>) -> Bool) throws(DBusError)
-    {
+    static func check(_ value: String, _ what: String, _ validate: (UnsafePointer<CChar>) -> Bool) throws(DBusError) {
         let ok = !value.isEmpty && !value.utf8.contains(0) && value.withCString { validate($0) }
         guard ok else { throw DBusError(name: DBusError.invalidArgs, message: "invalid D-Bus \(what) \"\(value)\"") }
     }
@@ -105,7 +104,8 @@ enum Marshal {
                 guard actual == element.rawValue else {
                     throw DBusError(
                         name: DBusError.invalidArgs,
-                        message: "array element \(index) has type \"\(actual)\" but the array holds \"\(element.rawValue)\"")
+                        message:
+                            "array element \(index) has type \"\(actual)\" but the array holds \"\(element.rawValue)\"")
                 }
                 try validate(item, depth: depth + 1)
             }
@@ -247,8 +247,7 @@ enum Marshal {
         guard ok else { throw fail("a basic value") }
     }
 
-    private static func appendString(_ iter: inout DBusMessageIter, _ code: Int32, _ text: String) throws(DBusError)
-    {
+    private static func appendString(_ iter: inout DBusMessageIter, _ code: Int32, _ text: String) throws(DBusError) {
         let ok = text.withCString { cString -> Bool in
             var pointer: UnsafePointer<CChar>? = cString
             return dbus_message_iter_append_basic(&iter, code, &pointer) != 0

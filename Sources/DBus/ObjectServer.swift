@@ -335,20 +335,21 @@ extension ConnectionCore {
     func flushClientsNow() {
         shared.withLock { s in
             guard s.connected, !s.stopping else { return }
-            let wasEmpty = s.queue.isEmpty
             for id in s.clientOrder {
                 if let client = s.clients[id] {
                     for message in client.takePendingMessages() { s.queue.append(.send(message)) }
                 }
             }
-            if wasEmpty && !s.queue.isEmpty { wake() }
+            if !s.queue.isEmpty { ConnectionCore.wakeIfSleeping(&s, self) }
         }
     }
 }
 
 /// The exported tree and the held-back signals; the connection core holds it as a client.
 final class ServerState: ConnectionClient, @unchecked Sendable {
-    static let standardInterfacesAddedOrder = ["org.freedesktop.DBus.Introspectable", "org.freedesktop.DBus.Properties"]
+    static let standardInterfacesAddedOrder = [
+        "org.freedesktop.DBus.Introspectable", "org.freedesktop.DBus.Properties",
+    ]
     static let standardInterfacesRemovedOrder = [
         "org.freedesktop.DBus.Properties", "org.freedesktop.DBus.Introspectable",
     ]
@@ -562,9 +563,10 @@ final class ServerState: ConnectionClient, @unchecked Sendable {
                         path: change.key.path, interface: "org.freedesktop.DBus.Properties", name: "PropertiesChanged",
                         body: [
                             .string(change.key.interface),
-                            .stringVariantDictionary(change.changedOrder.compactMap { name in
-                                change.changed[name].map { (name, $0) }
-                            }),
+                            .stringVariantDictionary(
+                                change.changedOrder.compactMap { name in
+                                    change.changed[name].map { (name, $0) }
+                                }),
                             .stringArray(change.invalidated),
                         ])
                 }
@@ -638,7 +640,9 @@ final class ServerState: ConnectionClient, @unchecked Sendable {
         default:
             break
         }
-        if interface == "org.freedesktop.DBus.Properties" || (interface == nil && ["Get", "GetAll", "Set"].contains(member)) {
+        if interface == "org.freedesktop.DBus.Properties"
+            || (interface == nil && ["Get", "GetAll", "Set"].contains(member))
+        {
             guard let object else {
                 if path == managerPath {
                     propertiesOnManager(member, signature, decoded, reply, unknownMethod)
@@ -647,8 +651,9 @@ final class ServerState: ConnectionClient, @unchecked Sendable {
                 }
                 return
             }
-            properties(member: member, signature: signature, decoded: decoded, path: path, object: object,
-                       reply: reply, unknownMethod: unknownMethod)
+            properties(
+                member: member, signature: signature, decoded: decoded, path: path, object: object,
+                reply: reply, unknownMethod: unknownMethod)
             return
         }
         guard let object else {
@@ -700,7 +705,8 @@ final class ServerState: ConnectionClient, @unchecked Sendable {
         let args = decoded.body
         switch (member, signature) {
         case ("Get", "ss"):
-            let interface = args[0].string ?? "", name = args[1].string ?? ""
+            let interface = args[0].string ?? ""
+            let name = args[1].string ?? ""
             guard let entry = object.interfaces[interface] else {
                 reply.fail(DBusError(name: DBusError.unknownInterface, message: "No such interface '\(interface)'"))
                 return
@@ -722,7 +728,8 @@ final class ServerState: ConnectionClient, @unchecked Sendable {
             }
             reply.succeed([ServerState.allProperties(entry)])
         case ("Set", "ssv"):
-            let interface = args[0].string ?? "", name = args[1].string ?? ""
+            let interface = args[0].string ?? ""
+            let name = args[1].string ?? ""
             guard let entry = object.interfaces[interface] else {
                 reply.fail(DBusError(name: DBusError.unknownInterface, message: "No such interface '\(interface)'"))
                 return
@@ -855,11 +862,13 @@ final class ServerState: ConnectionClient, @unchecked Sendable {
                     xml += "    <method name=\"\(xmlEscape(method.name))\">\n"
                     for (index, type) in splitSignature(method.inSignature.rawValue).enumerated() {
                         let argName = index < method.argumentNames.count ? method.argumentNames[index] : "arg\(index)"
-                        xml += "      <arg name=\"\(xmlEscape(argName))\" type=\"\(xmlEscape(type))\" direction=\"in\"/>\n"
+                        xml +=
+                            "      <arg name=\"\(xmlEscape(argName))\" type=\"\(xmlEscape(type))\" direction=\"in\"/>\n"
                     }
                     for (index, type) in splitSignature(method.outSignature.rawValue).enumerated() {
                         let argName = index < method.resultNames.count ? method.resultNames[index] : "result\(index)"
-                        xml += "      <arg name=\"\(xmlEscape(argName))\" type=\"\(xmlEscape(type))\" direction=\"out\"/>\n"
+                        xml +=
+                            "      <arg name=\"\(xmlEscape(argName))\" type=\"\(xmlEscape(type))\" direction=\"out\"/>\n"
                     }
                     xml += "    </method>\n"
                 }

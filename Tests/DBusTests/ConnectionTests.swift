@@ -1,7 +1,7 @@
 import DBus
 import Foundation
-import Testing
 import TestSupport
+import Testing
 
 /// A private bus plus helpers shared by the tests. The daemon is killed outright at the end (it takes seconds
 /// to honour SIGTERM).

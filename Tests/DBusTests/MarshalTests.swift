@@ -1,7 +1,7 @@
 import DBus
 import Foundation
-import Testing
 import TestSupport
+import Testing
 
 /// One value of every D-Bus type, nested containers included.
 let everyType: [DBusValue] = [
@@ -110,7 +110,8 @@ let everyType: [DBusValue] = [
     }
 
     @Test func invalidSignaturesAreRejected() {
-        for text in ["a", "a{", "{sv}", "(", "()", "a{vs}", "z", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaay"] {
+        for text in ["a", "a{", "{sv}", "(", "()", "a{vs}", "z", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaay"]
+        {
             #expect(throws: DBusError.self, "\(text)") { try DBusSignature(validating: text) }
             do {
                 _ = try DBusSignature(validating: text)
@@ -135,21 +136,28 @@ let everyType: [DBusValue] = [
     }
 
     /// Each of these would make libdbus abort the process if it reached it unchecked.
-    @Test(arguments: [
-        ("mismatched array element", [DBusValue.array("s", [.string("ok"), .int32(1)])]),
-        ("array of dict entries", [DBusValue.array("{sv}", [])]),
-        ("invalid element signature", [DBusValue.array("a{", [])]),
-        ("dict key not basic", [DBusValue.dictionary(key: "v", value: "s", [])]),
-        ("dict key mismatch", [DBusValue.dictionary(key: "s", value: "v", [DBusDictEntry(key: .int32(1), value: .variant(.byte(1)))])]),
-        ("dict value mismatch", [DBusValue.dictionary(key: "s", value: "v", [DBusDictEntry(key: .string("k"), value: .byte(1))])]),
-        ("empty struct", [DBusValue.structure([])]),
-        ("invalid object path", [DBusValue.objectPath("not/a/path")]),
-        ("invalid nested path", [DBusValue.variant(.array("o", [.objectPath("/ok"), .objectPath("/bad/")]))]),
-        ("invalid signature value", [DBusValue.signature("a{")]),
-        ("string with NUL", [DBusValue.string("a\u{0}b")]),
-        ("variant of invalid struct", [DBusValue.variant(.structure([]))]),
-        ("taken fd", [DBusValue.unixFD(DBusFileDescriptor(owning: -1))]),
-    ] as [(String, [DBusValue])])
+    @Test(
+        arguments: [
+            ("mismatched array element", [DBusValue.array("s", [.string("ok"), .int32(1)])]),
+            ("array of dict entries", [DBusValue.array("{sv}", [])]),
+            ("invalid element signature", [DBusValue.array("a{", [])]),
+            ("dict key not basic", [DBusValue.dictionary(key: "v", value: "s", [])]),
+            (
+                "dict key mismatch",
+                [DBusValue.dictionary(key: "s", value: "v", [DBusDictEntry(key: .int32(1), value: .variant(.byte(1)))])]
+            ),
+            (
+                "dict value mismatch",
+                [DBusValue.dictionary(key: "s", value: "v", [DBusDictEntry(key: .string("k"), value: .byte(1))])]
+            ),
+            ("empty struct", [DBusValue.structure([])]),
+            ("invalid object path", [DBusValue.objectPath("not/a/path")]),
+            ("invalid nested path", [DBusValue.variant(.array("o", [.objectPath("/ok"), .objectPath("/bad/")]))]),
+            ("invalid signature value", [DBusValue.signature("a{")]),
+            ("string with NUL", [DBusValue.string("a\u{0}b")]),
+            ("variant of invalid struct", [DBusValue.variant(.structure([]))]),
+            ("taken fd", [DBusValue.unixFD(DBusFileDescriptor(owning: -1))]),
+        ] as [(String, [DBusValue])])
     func invalidBodiesThrowInsteadOfAborting(_ label: String, _ body: [DBusValue]) {
         let message = DBusMessage.signal(path: "/t", interface: "org.example.T", name: "Bad", body: body)
         #expect(throws: DBusError.self, "\(label)") { try message.wireFormat() }

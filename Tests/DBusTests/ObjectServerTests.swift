@@ -1,8 +1,8 @@
 import DBus
 import Foundation
 import FoundationXML
-import Testing
 import TestSupport
+import Testing
 
 /// A server connection owning `org.example.Sim` with one object, and a client connection.
 final class ServerFixture: @unchecked Sendable {
@@ -53,7 +53,8 @@ final class ServerFixture: @unchecked Sendable {
     }
 
     func call(
-        _ path: DBusObjectPath = "/org/example/thing", _ interface: String, _ method: String, _ arguments: [DBusValue] = []
+        _ path: DBusObjectPath = "/org/example/thing", _ interface: String, _ method: String,
+        _ arguments: [DBusValue] = []
     ) async throws(DBusError) -> [DBusValue] {
         try await client.call(
             destination: ServerFixture.name, path: path, interface: interface, method: method, arguments: arguments,
@@ -61,13 +62,16 @@ final class ServerFixture: @unchecked Sendable {
     }
 
     func get(_ name: String, interface: String = ServerFixture.interface) async throws(DBusError) -> DBusValue? {
-        try await call("/org/example/thing", "org.freedesktop.DBus.Properties", "Get", [.string(interface), .string(name)])
-            .first
+        try await call(
+            "/org/example/thing", "org.freedesktop.DBus.Properties", "Get", [.string(interface), .string(name)]
+        )
+        .first
     }
 
     func set(_ name: String, _ value: DBusValue, interface: String = ServerFixture.interface) async throws(DBusError) {
         _ = try await call(
-            "/org/example/thing", "org.freedesktop.DBus.Properties", "Set", [.string(interface), .string(name), .variant(value)])
+            "/org/example/thing", "org.freedesktop.DBus.Properties", "Set",
+            [.string(interface), .string(name), .variant(value)])
     }
 
     func propertiesChanged(path: DBusObjectPath = "/org/example/thing") async throws -> DBusSignalStream {
@@ -106,13 +110,15 @@ func expectError(
         await expectError(DBusError.unknownProperty) { _ = try await f.get("Optional") }  // declared, no value
         await expectError(DBusError.accessDenied) { _ = try await f.get("Secret") }
 
-        let all = try await f.call("/org/example/thing",
+        let all = try await f.call(
+            "/org/example/thing",
             "org.freedesktop.DBus.Properties", "GetAll", [.string(ServerFixture.interface)])
         #expect(all.count == 1)
         #expect(all.first?.signature == "a{sv}")
         #expect(all.first?.dictionaryEntries?.compactMap(\.key.string) == ["Name", "Count", "Level"])
         await expectError(DBusError.unknownInterface) {
-            _ = try await f.call("/org/example/thing", "org.freedesktop.DBus.Properties", "GetAll", [.string("org.x.Y")])
+            _ = try await f.call(
+                "/org/example/thing", "org.freedesktop.DBus.Properties", "GetAll", [.string("org.x.Y")])
         }
 
         await expectError(DBusError.propertyReadOnly, "Property 'Count' is not writable") {
@@ -121,19 +127,26 @@ func expectError(
         await expectError(DBusError.invalidArgs) { try await f.set("Name", .int32(3)) }
         await expectError(DBusError.unknownProperty) { try await f.set("Nope", .int32(3)) }
         await expectError(DBusError.unknownInterface) { try await f.set("Name", .string("x"), interface: "org.x.Y") }
-        await expectError("org.bluez.Error.InvalidArguments", "level above 100") { try await f.set("Level", .byte(200)) }
+        await expectError("org.bluez.Error.InvalidArguments", "level above 100") {
+            try await f.set("Level", .byte(200))
+        }
         #expect(f.objects.property(at: "/org/example/thing", interface: ServerFixture.interface, "Level") == .byte(5))
 
         let changes = try await f.propertiesChanged()
         try await f.set("Name", .string("two"))
         #expect(try await f.get("Name") == .variant(.string("two")))
-        #expect(f.objects.property(at: "/org/example/thing", interface: ServerFixture.interface, "Name") == .string("two"))
+        #expect(
+            f.objects.property(at: "/org/example/thing", interface: ServerFixture.interface, "Name") == .string("two"))
         let logged = f.setLog.withLock { f.sets }
         #expect(logged.count == 1)
         #expect(logged.first?.0 == "Name" && logged.first?.2 == f.client.uniqueName)
         var iterator = changes.makeAsyncIterator()
         let signal = try #require(await iterator.next())
-        #expect(signal.body == [.string(ServerFixture.interface), .stringVariantDictionary([("Name", .string("two"))]), .stringArray([])])
+        #expect(
+            signal.body == [
+                .string(ServerFixture.interface), .stringVariantDictionary([("Name", .string("two"))]),
+                .stringArray([]),
+            ])
         // Wrong signatures on the Properties methods are UnknownMethod, with libdbus's text.
         await expectError(
             DBusError.unknownMethod,
@@ -146,7 +159,10 @@ func expectError(
     @Test func methodCallsRepliesAndUnknownTexts() async throws {
         let f = try await ServerFixture()
         f.addThing()
-        #expect(try await f.call("/org/example/thing", ServerFixture.interface, "Add", [.int32(2), .int32(40)]) == [.int32(42)])
+        #expect(
+            try await f.call("/org/example/thing", ServerFixture.interface, "Add", [.int32(2), .int32(40)]) == [
+                .int32(42)
+            ])
         // No interface given: found by member and signature.
         let reply = try await f.client.call(
             DBusMessage.methodCall(
@@ -162,12 +178,16 @@ func expectError(
             DBusError.unknownMethod,
             "Method \"Add\" with signature \"i\" on interface \"org.example.Thing\" doesn't exist\n"
         ) { _ = try await f.call("/org/example/thing", ServerFixture.interface, "Add", [.int32(1)]) }
-        await expectError(DBusError.unknownMethod) { _ = try await f.call("/org/example/thing", "org.example.Other", "Add", [.int32(1), .int32(2)]) }
+        await expectError(DBusError.unknownMethod) {
+            _ = try await f.call("/org/example/thing", "org.example.Other", "Add", [.int32(1), .int32(2)])
+        }
         await expectError(
             DBusError.unknownObject,
             "Method \"Add\" with signature \"ii\" on interface \"org.example.Thing\" doesn't exist\n"
         ) { _ = try await f.call("/org/example/nothing", ServerFixture.interface, "Add", [.int32(1), .int32(2)]) }
-        await expectError(DBusError.unknownObject) { _ = try await f.call("/elsewhere", ServerFixture.interface, "Add") }
+        await expectError(DBusError.unknownObject) {
+            _ = try await f.call("/elsewhere", ServerFixture.interface, "Add")
+        }
         // Peer is answered (by libdbus).
         try await f.client.ping(ServerFixture.name)
         let machine = try await f.call("/", "org.freedesktop.DBus.Peer", "GetMachineId")
@@ -187,10 +207,14 @@ func expectError(
                 return .deferred
             },
             DBusMethodSpec("Forget") { _ in .deferred },
-            DBusMethodSpec("Fail") { _ in .error(DBusError(name: "org.bluez.Error.Failed", message: "le-connection-abort-by-local")) },
+            DBusMethodSpec("Fail") { _ in
+                .error(DBusError(name: "org.bluez.Error.Failed", message: "le-connection-abort-by-local"))
+            },
         ])
         #expect(try await f.call("/org/example/thing", ServerFixture.interface, "Later") == [.string("done")])
-        await expectError(DBusError.noReply) { _ = try await f.call("/org/example/thing", ServerFixture.interface, "Forget") }
+        await expectError(DBusError.noReply) {
+            _ = try await f.call("/org/example/thing", ServerFixture.interface, "Forget")
+        }
         await expectError("org.bluez.Error.Failed", "le-connection-abort-by-local") {
             _ = try await f.call("/org/example/thing", ServerFixture.interface, "Fail")
         }
@@ -201,7 +225,11 @@ func expectError(
         let log = Log<(Int32, UInt)>()
         f.addThing(methods: [
             DBusMethodSpec("Note", in: "i") { call in
-                log.append((call.arguments[0].int32 ?? -1, UInt(bitPattern: Int(bitPattern: UnsafeRawPointer(bitPattern: UInt(pthread_self()))))))
+                log.append(
+                    (
+                        call.arguments[0].int32 ?? -1,
+                        UInt(bitPattern: Int(bitPattern: UnsafeRawPointer(bitPattern: UInt(pthread_self()))))
+                    ))
                 return .reply([])
             }
         ])
@@ -274,7 +302,8 @@ func expectError(
         objects.perform {
             objects.setProperty(at: "/org/example/thing", interface: ServerFixture.interface, "Name", .string("held"))
             for _ in 0..<3 {
-                objects.setProperty(at: "/org/example/thing", interface: ServerFixture.interface, "Count", .uint32(9), flush: true)
+                objects.setProperty(
+                    at: "/org/example/thing", interface: ServerFixture.interface, "Count", .uint32(9), flush: true)
             }
         }
         var iterator = changes.makeAsyncIterator()
@@ -305,9 +334,10 @@ func expectError(
         #expect(first.signature == "oa{sa{sv}}")
         #expect(first.body[0] == .objectPath("/org/example/thing"))
         let interfaces = try #require(first.body[1].dictionaryEntries)
-        #expect(interfaces.compactMap(\.key.string) == [
-            "org.freedesktop.DBus.Introspectable", "org.freedesktop.DBus.Properties", ServerFixture.interface,
-        ])
+        #expect(
+            interfaces.compactMap(\.key.string) == [
+                "org.freedesktop.DBus.Introspectable", "org.freedesktop.DBus.Properties", ServerFixture.interface,
+            ])
         #expect(interfaces[0].value == .dictionary(key: "s", value: "v", []))
         #expect(interfaces[1].value == .dictionary(key: "s", value: "v", []))
         #expect(interfaces[2].value.stringVariantDictionary == ["Name": .string("one"), "Count": .uint32(4)])
@@ -321,10 +351,11 @@ func expectError(
         #expect(managed.first?.signature == "a{oa{sa{sv}}}")
         let entry = try #require(managed.first?.dictionaryEntries?.first)
         #expect(entry.key == .objectPath("/org/example/thing"))
-        #expect(entry.value.dictionaryEntries?.compactMap(\.key.string) == [
-            "org.freedesktop.DBus.Introspectable", "org.freedesktop.DBus.Properties", ServerFixture.interface,
-            "org.bluez.Battery1",
-        ])
+        #expect(
+            entry.value.dictionaryEntries?.compactMap(\.key.string) == [
+                "org.freedesktop.DBus.Introspectable", "org.freedesktop.DBus.Properties", ServerFixture.interface,
+                "org.bluez.Battery1",
+            ])
 
         objects.removeInterfaces(at: "/org/example/thing", ["org.bluez.Battery1"])
         let third = try #require(await iterator.next())
@@ -334,14 +365,79 @@ func expectError(
 
         objects.removeObject(at: "/org/example/thing")
         let fourth = try #require(await iterator.next())
-        #expect(fourth.body == [
-            .objectPath("/org/example/thing"),
-            .stringArray(["org.freedesktop.DBus.Properties", "org.freedesktop.DBus.Introspectable", ServerFixture.interface]),
-        ])
+        #expect(
+            fourth.body == [
+                .objectPath("/org/example/thing"),
+                .stringArray([
+                    "org.freedesktop.DBus.Properties", "org.freedesktop.DBus.Introspectable", ServerFixture.interface,
+                ]),
+            ])
         #expect(!f.objects.hasObject(at: "/org/example/thing"))
         await expectError(DBusError.unknownObject) { _ = try await f.get("Name") }
         let empty = try await f.call("/", "org.freedesktop.DBus.ObjectManager", "GetManagedObjects")
         #expect(empty == [.dictionary(key: "o", value: "a{sa{sv}}", [])])
+    }
+
+    @Test func objectAdditionsKeepTheirPlaceAmongPropertyChanges() async throws {
+        let f = try await ServerFixture()
+        f.addThing()
+        // The reply goes out after the held-back InterfacesAdded, so that one is not seen by the rule below.
+        _ = try await f.get("Name")
+        let all = try await f.client.signals(matching: DBusMatchRule(sender: ServerFixture.name))
+        let objects = f.objects
+        let service = DBusInterfaceSpec("org.bluez.GattService1", properties: [DBusPropertySpec("UUID", "s")])
+        objects.perform {
+            objects.setProperty(at: "/org/example/thing", interface: ServerFixture.interface, "Count", .uint32(1))
+            objects.addInterfaces(at: "/org/example/thing/service0001", [(service, ["UUID": .string("180f")])])
+            // Must not merge into the Count change above, which went out before the service was added.
+            objects.setProperty(
+                at: "/org/example/thing", interface: ServerFixture.interface, "Name", .string("resolved"))
+        }
+        var iterator = all.makeAsyncIterator()
+        let first = try #require(await iterator.next())
+        let second = try #require(await iterator.next())
+        let third = try #require(await iterator.next())
+        #expect(first.member == "PropertiesChanged")
+        #expect(first.body[1].stringVariantDictionary == ["Count": .uint32(1)])
+        #expect(second.member == "InterfacesAdded")
+        #expect(second.body.first == .objectPath("/org/example/thing/service0001"))
+        #expect(third.member == "PropertiesChanged")
+        #expect(third.body[1].stringVariantDictionary == ["Name": .string("resolved")])
+    }
+
+    @Test func badLocalValuesAreDroppedNotFatal() async throws {
+        let f = try await ServerFixture()
+        f.addThing()
+        let path: DBusObjectPath = "/org/example/thing"
+        f.objects.setProperty(at: path, interface: ServerFixture.interface, "Count", .int32(-1))  // declared "u"
+        f.objects.setProperty(at: path, interface: ServerFixture.interface, "Extra", .array("s", [.int32(1)]))
+        f.objects.setProperty(at: "/nowhere", interface: ServerFixture.interface, "Count", .uint32(1))
+        f.objects.addInterfaces(at: "bad path", [(f.thingSpec(), [:])])
+        f.objects.emitSignal(path: path, interface: "bad", name: "X")
+        #expect(f.objects.property(at: path, interface: ServerFixture.interface, "Count") == .uint32(1))
+        #expect(f.objects.property(at: path, interface: ServerFixture.interface, "Extra") == nil)
+        #expect(!f.objects.hasObject(at: "/nowhere"))
+        // Undeclared but well-formed values are kept and served.
+        f.objects.setProperty(at: path, interface: ServerFixture.interface, "Extra", .string("x"))
+        #expect(try await f.get("Extra") == .variant(.string("x")))
+        #expect(f.objects.objectPaths == [path])
+    }
+
+    @Test func aHandlerMayCloseItsOwnConnection() async throws {
+        let f = try await ServerFixture()
+        let server = f.server
+        f.addThing(methods: [
+            DBusMethodSpec("Quit") { _ in
+                server.close()  // on the I/O thread: must not join itself
+                return .reply([])
+            }
+        ])
+        await expectError(DBusError.noReply) {
+            _ = try await f.call("/org/example/thing", ServerFixture.interface, "Quit")
+        }
+        await server.waitUntilDisconnected()
+        #expect(!server.isConnected)
+        try await f.client.ping("org.freedesktop.DBus")
     }
 
     @Test func introspectionIsValidXMLWithChildren() async throws {
@@ -350,7 +446,8 @@ func expectError(
         f.addThing(at: "/org/example/thing/child1")
         f.addThing(at: "/org/example/other")
         func introspect(_ path: DBusObjectPath) async throws -> IntrospectionSummary {
-            let xml = try #require(try await f.call(path, "org.freedesktop.DBus.Introspectable", "Introspect").first?.string)
+            let xml = try #require(
+                try await f.call(path, "org.freedesktop.DBus.Introspectable", "Introspect").first?.string)
             return try IntrospectionSummary(xml)
         }
         let root = try await introspect("/")
@@ -410,11 +507,16 @@ func expectError(
                 ], timeout: 10)
         }.value
         #expect(set.status == 0, "\(set.stderr)")
-        #expect(f.objects.property(at: "/org/example/thing", interface: ServerFixture.interface, "Name") == .string("from-dbus-send"))
+        #expect(
+            f.objects.property(at: "/org/example/thing", interface: ServerFixture.interface, "Name")
+                == .string("from-dbus-send"))
         let unknown = try await Task.detached {
             try runCommand(
                 dbusSend,
-                ["--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing", "\(ServerFixture.interface).Nope"],
+                [
+                    "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
+                    "\(ServerFixture.interface).Nope",
+                ],
                 timeout: 10)
         }.value
         #expect(unknown.status != 0)
@@ -435,14 +537,19 @@ struct IntrospectionSummary {
         let delegate = Delegate()
         let parser = XMLParser(data: Data(xml.utf8))
         parser.delegate = delegate
-        guard parser.parse() else { throw HarnessError("invalid introspection XML: \(parser.parserError.map { "\($0)" } ?? "")\n\(xml)") }
+        guard parser.parse() else {
+            throw HarnessError("invalid introspection XML: \(parser.parserError.map { "\($0)" } ?? "")\n\(xml)")
+        }
         self = delegate.summary
     }
 
     private final class Delegate: NSObject, XMLParserDelegate {
         var summary = IntrospectionSummary(empty: ())
         var depth = 0
-        func parser(_ parser: XMLParser, didStartElement name: String, namespaceURI: String?, qualifiedName: String?, attributes: [String: String] = [:]) {
+        func parser(
+            _ parser: XMLParser, didStartElement name: String, namespaceURI: String?, qualifiedName: String?,
+            attributes: [String: String] = [:]
+        ) {
             depth += 1
             switch name {
             case "node" where depth == 2: summary.children.append(attributes["name"] ?? "")
@@ -450,11 +557,15 @@ struct IntrospectionSummary {
             case "method": summary.methods.append(attributes["name"] ?? "")
             case "signal": summary.signals.append(attributes["name"] ?? "")
             case "property": summary.properties[attributes["name"] ?? ""] = attributes["access"]
-            case "arg": summary.args.append("\(attributes["name"] ?? ""):\(attributes["type"] ?? ""):\(attributes["direction"] ?? "")")
+            case "arg":
+                summary.args.append(
+                    "\(attributes["name"] ?? ""):\(attributes["type"] ?? ""):\(attributes["direction"] ?? "")")
             default: break
             }
         }
-        func parser(_ parser: XMLParser, didEndElement name: String, namespaceURI: String?, qualifiedName: String?) { depth -= 1 }
+        func parser(_ parser: XMLParser, didEndElement name: String, namespaceURI: String?, qualifiedName: String?) {
+            depth -= 1
+        }
     }
 
     private init(empty: Void) {}

@@ -1,7 +1,7 @@
 import DBus
 import Foundation
-import Testing
 import TestSupport
+import Testing
 
 @Suite struct ServerSmokeTests {
     @Test func methodPropertiesAndSignals() async throws {

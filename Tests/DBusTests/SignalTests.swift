@@ -1,7 +1,7 @@
 import DBus
 import Foundation
-import Testing
 import TestSupport
+import Testing
 
 /// Collects the members of a stream's signals until one named `End`.
 func members(until stream: DBusSignalStream) async -> [String] {
@@ -87,6 +87,24 @@ func members(until stream: DBusSignalStream) async -> [String] {
         task.cancel()
         _ = await task.result
         #expect(try await matchRuleCount(connection) == before)
+    }
+
+    @Test func aWellKnownSenderRuleOnlyGetsTheOwnersSignals() async throws {
+        let fixture = try BusFixture()
+        let listener = try fixture.connect()
+        let owner = try fixture.connect()
+        let other = try fixture.connect()
+        #expect(try await owner.requestName("org.example.Named") == .primaryOwner)
+        let named = try await listener.signals(
+            matching: DBusMatchRule(sender: "org.example.Named", interface: "org.example.Sig"))
+        let everyone = try await listener.signals(matching: DBusMatchRule(interface: "org.example.Sig"))
+        var everyoneIterator = everyone.makeAsyncIterator()
+        try other.emitSignal(path: "/s", interface: "org.example.Sig", name: "FromOther")
+        #expect(await everyoneIterator.next()?.member == "FromOther")
+        try owner.emitSignal(path: "/s", interface: "org.example.Sig", name: "FromOwner")
+        try owner.emitSignal(path: "/s", interface: "org.example.Sig", name: "End")
+        #expect(await members(until: named) == ["FromOwner"])
+        #expect(await everyoneIterator.next()?.member == "FromOwner")
     }
 
     @Test func aSignalMatchedTwiceReachesBothStreams() async throws {
@@ -215,6 +233,24 @@ func members(until stream: DBusSignalStream) async -> [String] {
         server.close()
     }
 
+    @Test func closeWritesOutWhatWasQueued() async throws {
+        let fixture = try BusFixture()
+        let listener = try fixture.connect()
+        let stream = try await listener.signals(matching: DBusMatchRule(interface: "org.example.Last"))
+        let sender = try fixture.connect()
+        for index in 0..<100 {
+            try sender.emitSignal(
+                path: "/l", interface: "org.example.Last", name: "Word", arguments: [.int32(Int32(index))])
+        }
+        sender.close()
+        var received: [Int32] = []
+        for await message in stream {
+            received.append(message.body.first?.int32 ?? -1)
+            if received.count == 100 { break }
+        }
+        #expect(received == Array(0..<100))
+    }
+
     @Test func connectingToNothingFails() {
         #expect(throws: DBusError.self) { try DBusConnection(.address("unix:path=/nonexistent/socket")) }
         #expect(throws: DBusError.self) { try DBusConnection(.address("nonsense")) }
@@ -286,8 +322,11 @@ func members(until stream: DBusSignalStream) async -> [String] {
         let sent = await emitter.value
         let elapsed = ContinuousClock.now - start
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-        let sendSeconds = Double((sent - start).components.seconds) + Double((sent - start).components.attoseconds) / 1e18
-        print("burst: \(count) PropertiesChanged in \(seconds) s = \(Int(Double(count) / seconds))/s received; emitted at \(Int(Double(count) / sendSeconds))/s")
+        let sendSeconds =
+            Double((sent - start).components.seconds) + Double((sent - start).components.attoseconds) / 1e18
+        print(
+            "burst: \(count) PropertiesChanged in \(seconds) s = \(Int(Double(count) / seconds))/s received; emitted at \(Int(Double(count) / sendSeconds))/s"
+        )
         #expect(received == count)
         #expect(inOrder)
     }
