@@ -26,10 +26,15 @@ final class SignalRecorder: Sendable {
     var all: [DBusMessage] { store.messages.withLock { $0 } }
 
     /// Waits until `predicate` holds over the recorded signals.
-    func wait(timeout: Double = 5, _ what: String = "", _ predicate: ([DBusMessage]) -> Bool) async throws {
-        let deadline = Date().addingTimeInterval(timeout)
+    func wait(timeout: Double = 15, _ what: String = "", _ predicate: ([DBusMessage]) -> Bool) async throws {
+        let start = Date()
+        let deadline = start.addingTimeInterval(timeout)
         while Date() < deadline {
-            if predicate(all) { return }
+            if predicate(all) {
+                let waited = Date().timeIntervalSince(start)
+                if waited > 2 { print("SignalRecorder: waited \(waited) s for \(what)") }
+                return
+            }
             try await Task.sleep(for: .milliseconds(10))
         }
         Issue.record("timed out waiting for \(what); got \(all.map(Self.describe))")
@@ -51,6 +56,17 @@ final class SignalRecorder: Sendable {
         default: return "SIG \(m.member ?? "")"
         }
     }
+}
+
+/// Polls `condition` every 10 ms until it holds or `seconds` pass; returns whether it held.
+@discardableResult
+func eventually(_ seconds: Double = 5, _ condition: () async throws -> Bool) async throws -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if try await condition() { return true }
+        try await Task.sleep(for: .milliseconds(10))
+    }
+    return try await condition()
 }
 
 let hr = "A0:9E:1A:4F:2C:11"
@@ -102,28 +118,34 @@ struct Client {
     /// Scans until `path` exists.
     func discover(_ path: DBusObjectPath) async throws {
         try await call("/org/bluez/hci0", "org.bluez.Adapter1", "StartDiscovery")
-        for _ in 0..<300 where await property(path, "org.bluez.Device1", "Address") == nil {
-            try await Task.sleep(for: .milliseconds(10))
-        }
+        try await eventually(3) { await property(path, "org.bluez.Device1", "Address") != nil }
         #expect(await property(path, "org.bluez.Device1", "Address") != nil)
     }
 
     func waitResolved(_ path: DBusObjectPath) async throws {
-        for _ in 0..<300 where await property(path, "org.bluez.Device1", "ServicesResolved")?.bool != true {
-            try await Task.sleep(for: .milliseconds(10))
+        try await eventually(3) { await property(path, "org.bluez.Device1", "ServicesResolved")?.bool == true }
+    }
+}
+
+/// Starts a fixture on a plain thread: its start-up blocks (process launch, polling), and blocking the few
+/// cooperative threads would stall every other test's signal handling.
+func startFixture(scenario: String) async throws -> SimulatorFixture {
+    try await withCheckedThrowingContinuation { continuation in
+        Thread.detachNewThread {
+            continuation.resume(with: Result { try SimulatorFixture(scenario: scenario) })
         }
     }
 }
 
-func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
+func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
     var text = try String(contentsOf: Fixtures.config("demo-scenario.yaml"), encoding: .utf8)
     if !extra.isEmpty { text = text.replacingOccurrences(of: "temporary_timeout: 30", with: extra) }
-    return try SimulatorFixture(scenario: text)
+    return try await startFixture(scenario: text)
 }
 
-@Suite struct SimulatorBusTests {
+@Suite(.serialized) struct SimulatorBusTests {
     @Test func exportsTheAdapterAndManagersLikeBlueZ() async throws {
-        let sim = try demoFixture()
+        let sim = try await demoFixture()
         defer { sim.stop() }
         let c = try Client(sim)
         let paths = try await c.managedPaths()
@@ -139,7 +161,7 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
     }
 
     @Test func discoveryStopRemovesNonConnectableAndInvalidatesRSSI() async throws {
-        let sim = try demoFixture()
+        let sim = try await demoFixture()
         defer { sim.stop() }
         let c = try Client(sim)
         let rec = try await SignalRecorder(c.connection)
@@ -163,18 +185,19 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
     }
 
     @Test func temporaryDevicesExpire() async throws {
-        let sim = try demoFixture("temporary_timeout: 0.4")
+        let sim = try await demoFixture("temporary_timeout: 1.5")
         defer { sim.stop() }
         let c = try Client(sim)
         try await c.discover(hrPath)
         try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StopDiscovery")
         #expect(try await c.managedPaths().contains(hrPath.rawValue))
-        try await Task.sleep(for: .milliseconds(900))
-        #expect(!(try await c.managedPaths().contains(hrPath.rawValue)))
+        let stopped = Date()
+        #expect(try await eventually(5) { !(try await c.managedPaths().contains(hrPath.rawValue)) })
+        #expect(Date().timeIntervalSince(stopped) > 1.0)  // not before TemporaryTimeout
     }
 
     @Test func connectAndDisconnectSignalOrder() async throws {
-        let sim = try demoFixture()
+        let sim = try await demoFixture()
         defer { sim.stop() }
         let c = try Client(sim)
         try await c.discover(hrPath)
@@ -186,12 +209,13 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
         // The simulator's serials give its send order: Connected=true, then the reply, then the objects.
         let connectedSignal = try #require(
             rec.all.first { SignalRecorder.describe($0) == "PC \(hrPath.rawValue) {Connected}" })
-        let firstAdded = try #require(rec.all.first { $0.member == "InterfacesAdded" })
+        let firstAdded = try #require(
+            rec.all.first { SignalRecorder.describe($0).hasPrefix("IA \(hrPath.rawValue)/") })
         #expect(connectedSignal.serial < reply.serial)
         #expect(reply.serial < firstAdded.serial)
         let order = rec.all.map(SignalRecorder.describe)
         let resolved = try #require(order.firstIndex(of: "PC \(hrPath.rawValue) {ServicesResolved,UUIDs}"))
-        let added = order.enumerated().filter { $0.element.hasPrefix("IA ") }
+        let added = order.enumerated().filter { $0.element.hasPrefix("IA \(hrPath.rawValue)/") }
         #expect(added.count == 4 + 8 + 3)  // services, characteristics, descriptors (2 CCCDs, one 2904)
         #expect(added.allSatisfy { $0.offset < resolved })
         #expect(added.first?.element == "IA \(hrPath.rawValue)/service0001")
@@ -221,7 +245,7 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
     }
 
     @Test func notifySessionsArePerSenderAndDroppedWhenTheSenderLeaves() async throws {
-        let sim = try demoFixture()
+        let sim = try await demoFixture()
         defer { sim.stop() }
         let a = try Client(sim)
         let b = try Client(sim)
@@ -243,14 +267,12 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
                 == DBusError(name: "org.bluez.Error.Failed", message: "No notify session started"))
         #expect(await a.property(char, iface, "Notifying")?.bool == true)
         b.connection.close()
-        for _ in 0..<200 where await a.property(char, iface, "Notifying")?.bool != false {
-            try await Task.sleep(for: .milliseconds(10))
-        }
+        try await eventually(2) { await a.property(char, iface, "Notifying")?.bool == false }
         #expect(await a.property(char, iface, "Notifying")?.bool == false)
     }
 
     @Test func acquireWriteCarriesDatagramsAndLocksWriteValue() async throws {
-        let sim = try demoFixture()
+        let sim = try await demoFixture()
         defer { sim.stop() }
         let c = try Client(sim)
         try await c.discover(echoPath)
@@ -287,14 +309,12 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
                 ]),
             ])
         close(fd)
-        for _ in 0..<200 where await c.property(rx, iface, "WriteAcquired")?.bool != false {
-            try await Task.sleep(for: .milliseconds(10))
-        }
+        try await eventually(2) { await c.property(rx, iface, "WriteAcquired")?.bool == false }
         #expect(await c.property(rx, iface, "WriteAcquired")?.bool == false)
     }
 
     @Test func injectedFaults() async throws {
-        let sim = try demoFixture()
+        let sim = try await demoFixture()
         defer { sim.stop() }
         let c = try Client(sim)
         try await c.discover(hrPath)
@@ -325,10 +345,15 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
 
         // A connect that never answers; Disconnect cancels it.
         try await c.control("InjectFault", [.string(hr), .string("connect-no-reply"), .string("{}")])
-        async let pending = c.error(hrPath, "org.bluez.Device1", "Connect", timeout: .seconds(5))
-        try await Task.sleep(for: .milliseconds(200))
+        func connectCalls() async throws -> Int64? {
+            try await c.control("GetCounters").first?.stringVariantDictionary?["connect_calls"]?.int64
+        }
+        let callsBefore = try await connectCalls() ?? 0
+        async let pending = c.error(hrPath, "org.bluez.Device1", "Connect", timeout: .seconds(10))
+        try await eventually(5) { try await connectCalls() != callsBefore }  // until the simulator holds the Connect
         try await c.call(hrPath, "org.bluez.Device1", "Disconnect")
-        #expect(await pending == DBusError(name: "org.bluez.Error.Failed", message: "br-connection-canceled"))
+        let canceled = await pending
+        #expect(canceled == DBusError(name: "org.bluez.Error.Failed", message: "br-connection-canceled"))
 
         // ATT errors on reads and writes.
         try await c.call(hrPath, "org.bluez.Device1", "Connect")
@@ -346,22 +371,24 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
     }
 
     @Test func servicesResolvedBeforeObjectsFault() async throws {
-        let sim = try demoFixture()
+        let sim = try await demoFixture()
         defer { sim.stop() }
         let c = try Client(sim)
         try await c.discover(hrPath)
         try await c.control("InjectFault", [.string(hr), .string("services-resolved-early"), .string("{}")])
         let rec = try await SignalRecorder(c.connection)
         try await c.call(hrPath, "org.bluez.Device1", "Connect")
-        try await rec.wait("objects") { $0.filter { $0.member == "InterfacesAdded" }.count == 15 }
+        try await rec.wait("objects") {
+            $0.filter { SignalRecorder.describe($0).hasPrefix("IA \(hrPath.rawValue)/") }.count == 15
+        }
         let order = rec.all.map(SignalRecorder.describe)
         let resolved = try #require(order.firstIndex { $0.contains("ServicesResolved") })
-        let firstAdded = try #require(order.firstIndex { $0.hasPrefix("IA") })
+        let firstAdded = try #require(order.firstIndex { $0.hasPrefix("IA \(hrPath.rawValue)/") })
         #expect(resolved < firstAdded)
     }
 
     @Test func controlChangesTheWorld() async throws {
-        let sim = try demoFixture()
+        let sim = try await demoFixture()
         defer { sim.stop() }
         let c = try Client(sim)
         let rec = try await SignalRecorder(c.connection)
@@ -396,7 +423,7 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
     }
 
     @Test func pushedAndGeneratedNotifications() async throws {
-        let sim = try demoFixture()
+        let sim = try await demoFixture()
         defer { sim.stop() }
         let c = try Client(sim)
         try await c.discover(hrPath)
@@ -418,7 +445,7 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
     }
 
     @Test func restartDaemonDropsEverythingAndComesBack() async throws {
-        let sim = try demoFixture()
+        let sim = try await demoFixture()
         defer { sim.stop() }
         let c = try Client(sim)
         let owners = try await c.connection.nameOwnerChanges("org.bluez")
@@ -437,8 +464,8 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
         #expect(try await c.control("GetCounters").first?.stringVariantDictionary?["restarts"]?.int64 == 1)
     }
 
-    @Test func harnessControlViaDBusSend() throws {
-        let sim = try demoFixture()
+    @Test func harnessControlViaDBusSend() async throws {
+        let sim = try await demoFixture()
         defer { sim.stop() }
         let out = try sim.control("GetCounters")
         #expect(out.contains("devices_exported"))
@@ -448,9 +475,9 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
     }
 }
 
-@Suite struct SimulatorBusEdgeTests {
+@Suite(.serialized) struct SimulatorBusEdgeTests {
     @Test func withoutGATTCacheTheObjectsGoAwayOnDisconnect() async throws {
-        let sim = try demoFixture("temporary_timeout: 30\n  gatt_cache: false")
+        let sim = try await demoFixture("temporary_timeout: 30\n  gatt_cache: false")
         defer { sim.stop() }
         let c = try Client(sim)
         try await c.discover(hrPath)
@@ -467,7 +494,7 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
     }
 
     @Test func duplicateDataResignalsEveryAdvertisement() async throws {
-        let sim = try SimulatorFixture(
+        let sim = try await startFixture(
             scenario: """
                 peripherals:
                   - address: "C0:FF:EE:00:00:01"
@@ -495,7 +522,7 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
     }
 
     @Test func rssiFilterKeepsWeakDevicesOut() async throws {
-        let sim = try demoFixture()
+        let sim = try await demoFixture()
         defer { sim.stop() }
         let c = try Client(sim)
         try await c.call(
@@ -511,7 +538,7 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
     }
 
     @Test func optionalPropertiesAreAbsentAndRemoveDeviceDisconnectsFirst() async throws {
-        let sim = try SimulatorFixture(
+        let sim = try await startFixture(
             scenario: """
                 peripherals:
                   - address: "C0:FF:EE:00:00:02"
@@ -547,7 +574,7 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
     }
 
     @Test func pairedDevicesExistAtStartWithoutRSSI() async throws {
-        let sim = try SimulatorFixture(
+        let sim = try await startFixture(
             scenario: """
                 peripherals:
                   - {address: "C0:FF:EE:00:00:03", name: Known, paired: true, tx_power: 4}
@@ -561,15 +588,13 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
         #expect(await c.property(known, "org.bluez.Device1", "Name") == .string("Known"))
         #expect(await c.property(known, "org.bluez.Device1", "RSSI") == nil)
         try await c.discover(known)
-        for _ in 0..<100 where await c.property(known, "org.bluez.Device1", "RSSI") == nil {
-            try await Task.sleep(for: .milliseconds(10))
-        }
+        try await eventually(2) { await c.property(known, "org.bluez.Device1", "RSSI") != nil }
         #expect(await c.property(known, "org.bluez.Device1", "RSSI") == .int16(-60))
         #expect(await c.property(known, "org.bluez.Device1", "TxPower") == .int16(4))
     }
 
     @Test func hostileCallsNeverCrashTheSimulator() async throws {
-        let sim = try demoFixture()
+        let sim = try await demoFixture()
         defer { sim.stop() }
         let c = try Client(sim)
         try await c.discover(hrPath)
