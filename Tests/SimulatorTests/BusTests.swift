@@ -127,14 +127,9 @@ struct Client {
     }
 }
 
-/// Starts a fixture on a plain thread: its start-up blocks (process launch, polling), and blocking the few
-/// cooperative threads would stall every other test's signal handling.
+/// Starts a fixture without blocking the cooperative pool (see `SimulatorFixture.start`).
 func startFixture(scenario: String) async throws -> SimulatorFixture {
-    try await withCheckedThrowingContinuation { continuation in
-        Thread.detachNewThread {
-            continuation.resume(with: Result { try SimulatorFixture(scenario: scenario) })
-        }
-    }
+    try await SimulatorFixture.start(scenario: scenario)
 }
 
 func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {

@@ -43,6 +43,16 @@ public final class SimulatorFixture: @unchecked Sendable {
         try self.init(scenarioFile: file, scratch: scratch, arguments: arguments)
     }
 
+    /// The same as `init(scenario:arguments:)`, for async tests: start-up blocks (process launch, polling), so it
+    /// runs on a plain thread instead of holding one of the few cooperative threads other tests need.
+    public static func start(scenario: String, arguments: [String] = []) async throws -> SimulatorFixture {
+        try await withCheckedThrowingContinuation { continuation in
+            Thread.detachNewThread {
+                continuation.resume(with: Result { try SimulatorFixture(scenario: scenario, arguments: arguments) })
+            }
+        }
+    }
+
     /// Starts a private bus and `bluez-sim` with a scenario file (for example `Fixtures.config("demo-scenario.yaml")`).
     public convenience init(scenarioFile: URL, arguments: [String] = []) throws {
         try self.init(
