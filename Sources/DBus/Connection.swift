@@ -18,7 +18,9 @@ public enum DBusBus: Sendable {
 
 /// Flags for `RequestName`.
 public struct DBusRequestNameFlags: OptionSet, Sendable, Hashable {
+    /// The flag bits as sent to `RequestName`.
     public let rawValue: UInt32
+    /// Flags from their bits.
     public init(rawValue: UInt32) { self.rawValue = rawValue }
     /// Let another connection take the name over.
     public static let allowReplacement = DBusRequestNameFlags(rawValue: 1)
@@ -30,9 +32,13 @@ public struct DBusRequestNameFlags: OptionSet, Sendable, Hashable {
 
 /// The answer to `RequestName`.
 public enum DBusRequestNameReply: UInt32, Sendable, Hashable {
+    /// This connection now owns the name.
     case primaryOwner = 1
+    /// Someone else owns it; this connection waits in the queue.
     case inQueue = 2
+    /// Someone else owns it and `doNotQueue` was given.
     case exists = 3
+    /// This connection already owned it.
     case alreadyOwner = 4
 }
 
@@ -61,15 +67,18 @@ public final class DBusConnection: Sendable {
         }
         var error = CDBus.DBusError.make()
         let pointer: OpaquePointer
+        // The environment is read on every connect (libdbus's own bus lookup caches it for the process).
+        let address: String?
         switch bus {
-        case .system, .session:
-            let type = bus.isSystem ? DBUS_BUS_SYSTEM : DBUS_BUS_SESSION
-            guard let opened = dbus_bus_get_private(type, &error) else {
-                throw DBusError.consume(&error, context: "connecting to the \(bus.isSystem ? "system" : "session") bus")
-            }
-            pointer = opened
-            dbus_connection_set_exit_on_disconnect(pointer, 0)
-        case .address(let address):
+        case .system:
+            address =
+                DBusConnection.environment("DBUS_SYSTEM_BUS_ADDRESS") ?? "unix:path=/var/run/dbus/system_bus_socket"
+        case .session:
+            address = DBusConnection.environment("DBUS_SESSION_BUS_ADDRESS")
+        case .address(let explicit):
+            address = explicit
+        }
+        if let address {
             guard !address.isEmpty, !address.utf8.contains(0) else {
                 throw DBusError(name: DBusError.invalidArgs, message: "invalid D-Bus address \"\(address)\"")
             }
@@ -84,6 +93,13 @@ public final class DBusConnection: Sendable {
                 dbus_connection_unref(pointer)
                 throw failure
             }
+        } else {
+            // No DBUS_SESSION_BUS_ADDRESS: let libdbus find the session bus (XDG_RUNTIME_DIR, autolaunch).
+            guard let opened = dbus_bus_get_private(DBUS_BUS_SESSION, &error) else {
+                throw DBusError.consume(&error, context: "connecting to the session bus")
+            }
+            pointer = opened
+            dbus_connection_set_exit_on_disconnect(pointer, 0)
         }
         // Generous limits so bursts of signals are buffered rather than throttled.
         dbus_connection_set_max_received_size(pointer, 1 << 30)
@@ -290,7 +306,7 @@ public final class DBusConnection: Sendable {
                 if error.name != DBusError.nameHasNoOwner { throw error }
             }
         } catch {
-            core.removeSubscription(id, removeMatch: false)
+            // Ending the stream removes the subscription and (if AddMatch got through) the rule on the bus.
             continuation.finish()
             throw error
         }
@@ -340,8 +356,12 @@ public final class DBusConnection: Sendable {
     }
 }
 
-extension DBusBus {
-    fileprivate var isSystem: Bool { if case .system = self { return true } else { return false } }
+extension DBusConnection {
+    fileprivate static func environment(_ name: String) -> String? {
+        guard let value = getenv(name) else { return nil }
+        let text = String(cString: value)
+        return text.isEmpty ? nil : text
+    }
 }
 
 extension DBusValue {
@@ -362,6 +382,7 @@ extension DBusValue {
 /// The signals matching a rule, in arrival order, with no loss (unbounded buffer). Ends when the connection
 /// closes or is lost. Dropping the iterator or cancelling the consuming task removes the match rule.
 public struct DBusSignalStream: AsyncSequence, Sendable {
+    /// Each matching signal.
     public typealias Element = DBusMessage
     let stream: AsyncStream<DBusMessage>
     let lifetime: SubscriptionLifetime
@@ -370,9 +391,11 @@ public struct DBusSignalStream: AsyncSequence, Sendable {
     public struct AsyncIterator: AsyncIteratorProtocol {
         var base: AsyncStream<DBusMessage>.Iterator
         let lifetime: SubscriptionLifetime
+        /// The next signal, or nil once the stream ended.
         public mutating func next() async -> DBusMessage? { await base.next() }
     }
 
+    /// Starts iterating (each iterator keeps the subscription alive).
     public func makeAsyncIterator() -> AsyncIterator {
         AsyncIterator(base: stream.makeAsyncIterator(), lifetime: lifetime)
     }
@@ -401,6 +424,7 @@ final class SubscriptionLifetime: Sendable {
 
 /// The owner of a name (nil when none) and then each change. Ends when the connection closes or is lost.
 public struct DBusNameOwnerStream: AsyncSequence, Sendable {
+    /// The owner's unique name, or nil when the name has no owner.
     public typealias Element = String?
     let stream: AsyncStream<String?>
     let lifetime: SubscriptionLifetime
@@ -409,9 +433,11 @@ public struct DBusNameOwnerStream: AsyncSequence, Sendable {
     public struct AsyncIterator: AsyncIteratorProtocol {
         var base: AsyncStream<String?>.Iterator
         let lifetime: SubscriptionLifetime
+        /// The next owner (`.some(nil)` = no owner), or nil once the stream ended.
         public mutating func next() async -> String?? { await base.next() }
     }
 
+    /// Starts iterating (each iterator keeps the subscription alive).
     public func makeAsyncIterator() -> AsyncIterator {
         AsyncIterator(base: stream.makeAsyncIterator(), lifetime: lifetime)
     }

@@ -14,6 +14,7 @@ public struct DBusError: Error, Hashable, Sendable, CustomStringConvertible {
         self.message = message
     }
 
+    /// `name: message`.
     public var description: String { message.isEmpty ? name : "\(name): \(message)" }
 
     /// `org.freedesktop.DBus.Error.Failed`

@@ -495,6 +495,9 @@ extension DBusMessage {
     /// This message in the D-Bus wire format (serial 1 if none was set). Fails like sending would on an invalid
     /// message; unix fds cannot be serialised this way.
     public func wireFormat() throws(DBusError) -> [UInt8] {
+        guard !body.contains(where: { $0.containsFileDescriptor }) else {
+            throw DBusError(name: DBusError.notSupported, message: "unix fds cannot be serialised to bytes")
+        }
         let message = try Marshal.build(self)
         dbus_message_set_serial(message.pointer, serial == 0 ? 1 : serial)
         return try Marshal.serialize(message)

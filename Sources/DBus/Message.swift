@@ -4,7 +4,14 @@
 public struct DBusMessage: Sendable {
     /// The four message types.
     public enum MessageType: Sendable, Hashable {
-        case methodCall, methodReturn, error, signal
+        /// A method call (may want a reply).
+        case methodCall
+        /// A method's successful reply.
+        case methodReturn
+        /// A method's error reply.
+        case error
+        /// A broadcast or unicast signal.
+        case signal
 
         /// The name used in match rules (`method_call`, `signal`...).
         public var ruleName: String {

@@ -97,7 +97,9 @@ public enum DBusMethodOutcome: Sendable {
     case deferred
 }
 
-/// A method handler; runs on the connection's I/O thread.
+/// A method handler; runs on the connection's I/O thread. It must not block waiting for a reply on the same
+/// connection (that reply is read by the very thread it blocks): return ``DBusMethodOutcome/deferred`` and
+/// complete ``DBusMethodCall/reply`` from a task instead.
 public typealias DBusMethodHandler = @Sendable (DBusMethodCall) -> DBusMethodOutcome
 
 /// A method of an exported interface.
@@ -132,7 +134,12 @@ public struct DBusMethodSpec: Sendable {
 public struct DBusPropertySpec: Sendable {
     /// Who may read and write the property over the bus.
     public enum Access: Sendable {
-        case read, write, readWrite
+        /// Readable only (Set answers PropertyReadOnly).
+        case read
+        /// Writable only.
+        case write
+        /// Readable and writable.
+        case readWrite
 
         var readable: Bool { self != .write }
         var writable: Bool { self != .read }
@@ -205,6 +212,18 @@ public struct DBusInterfaceSpec: Sendable {
     func property(_ name: String) -> DBusPropertySpec? { properties.first { $0.name == name } }
 }
 
+/// Which error names the exported org.freedesktop.DBus.Properties answers with. The texts are BlueZ's in both
+/// styles ("No such interface 'X'", "No such property 'X'", "Property 'X' is not writable").
+public enum DBusPropertyErrorStyle: Sendable, Hashable {
+    /// The specification's names: UnknownInterface, UnknownProperty, PropertyReadOnly, InvalidArgs for a wrong
+    /// type, AccessDenied for reading a write-only property.
+    case standard
+    /// Exactly what BlueZ's gdbus sends: InvalidArgs for an unknown interface and for Get of an unknown or absent
+    /// property, UnknownProperty for Set of an unknown or absent property, PropertyReadOnly, InvalidSignature
+    /// ("Invalid signature for 'X'") for a wrong type.
+    case bluez
+}
+
 /// Exports objects on a connection with org.freedesktop.DBus.Properties (Get/GetAll/Set with the standard
 /// errors), Introspectable, and an ObjectManager at `objectManagerPath` (GetManagedObjects, InterfacesAdded,
 /// InterfacesRemoved; every object also lists Introspectable and Properties with empty dicts, as BlueZ does).
@@ -220,10 +239,14 @@ public final class DBusObjectServer: Sendable {
     let state: ServerState
 
     /// Starts exporting (no objects yet) on `connection`.
-    public init(connection: DBusConnection, objectManagerPath: DBusObjectPath = "/") {
+    /// - Parameter propertyErrors: the error names of Properties.Get/GetAll/Set (``DBusPropertyErrorStyle``).
+    public init(
+        connection: DBusConnection, objectManagerPath: DBusObjectPath = "/",
+        propertyErrors: DBusPropertyErrorStyle = .standard
+    ) {
         self.connection = connection
         self.objectManagerPath = objectManagerPath
-        state = ServerState(core: connection.core, managerPath: objectManagerPath)
+        state = ServerState(core: connection.core, managerPath: objectManagerPath, errorStyle: propertyErrors)
         connection.core.addClient(state)
     }
 
@@ -390,9 +413,55 @@ final class ServerState: ConnectionClient, @unchecked Sendable {
     let managerPath: DBusObjectPath
     let state = Mutex(State())
 
-    init(core: ConnectionCore, managerPath: DBusObjectPath) {
+    let errorStyle: DBusPropertyErrorStyle
+
+    init(core: ConnectionCore, managerPath: DBusObjectPath, errorStyle: DBusPropertyErrorStyle) {
         self.core = core
         self.managerPath = managerPath
+        self.errorStyle = errorStyle
+    }
+
+    enum PropertyFailure {
+        case noInterface(String)
+        case noPropertyToGet(String)
+        case noPropertyToSet(String)
+        case notReadable(String)
+        case readOnly(String)
+        case wrongType(String, expected: String, got: String)
+    }
+
+    func error(_ failure: PropertyFailure) -> DBusError {
+        let bluez = errorStyle == .bluez
+        switch failure {
+        case .noInterface(let interface):
+            return DBusError(
+                name: bluez ? DBusError.invalidArgs : DBusError.unknownInterface,
+                message: "No such interface '\(interface)'")
+        case .noPropertyToGet(let name):
+            return DBusError(
+                name: bluez ? DBusError.invalidArgs : DBusError.unknownProperty, message: "No such property '\(name)'")
+        case .noPropertyToSet(let name):
+            return DBusError(name: DBusError.unknownProperty, message: "No such property '\(name)'")
+        case .notReadable(let name):
+            return DBusError(
+                name: bluez ? DBusError.invalidArgs : DBusError.accessDenied,
+                message: "Property '\(name)' is not readable")
+        case .readOnly(let name):
+            return DBusError(name: DBusError.propertyReadOnly, message: "Property '\(name)' is not writable")
+        case .wrongType(let name, let expected, let got):
+            if bluez {
+                return DBusError(name: DBusError.invalidSignature, message: "Invalid signature for '\(name)'")
+            }
+            return DBusError(
+                name: DBusError.invalidArgs,
+                message: "Invalid type for property '\(name)': expected '\(expected)', got '\(got)'")
+        }
+    }
+
+    /// BlueZ's order: Introspectable, the first interface, Properties, the other interfaces.
+    static func withStandardInterfaces(_ names: [String]) -> [String] {
+        guard let first = names.first else { return standardInterfacesAddedOrder }
+        return ["org.freedesktop.DBus.Introspectable", first, "org.freedesktop.DBus.Properties"] + names.dropFirst()
     }
 
     // MARK: tree (any thread)
@@ -545,14 +614,12 @@ final class ServerState: ConnectionClient, @unchecked Sendable {
                 case .added(let path, let names, let newObject):
                     guard let object = s.objects[path] else { continue }
                     var entries: [DBusDictEntry] = []
-                    if newObject {
-                        for name in ServerState.standardInterfacesAddedOrder {
+                    for name in newObject ? ServerState.withStandardInterfaces(names) : names {
+                        if let entry = object.interfaces[name] {
+                            entries.append(DBusDictEntry(key: .string(name), value: ServerState.allProperties(entry)))
+                        } else if ServerState.standardInterfacesAddedOrder.contains(name) {
                             entries.append(DBusDictEntry(key: .string(name), value: ServerState.emptyProperties))
                         }
-                    }
-                    for name in names {
-                        guard let entry = object.interfaces[name] else { continue }
-                        entries.append(DBusDictEntry(key: .string(name), value: ServerState.allProperties(entry)))
                     }
                     message = .signal(
                         path: managerPath, interface: "org.freedesktop.DBus.ObjectManager", name: "InterfacesAdded",
@@ -690,10 +757,7 @@ final class ServerState: ConnectionClient, @unchecked Sendable {
         switch (member, signature) {
         case ("GetAll", "s"): reply.succeed([ServerState.emptyProperties])
         case ("Get", "ss"), ("Set", "ssv"):
-            reply.fail(
-                DBusError(
-                    name: DBusError.unknownInterface,
-                    message: "No such interface '\(decoded.body.first?.string ?? "")'"))
+            reply.fail(error(.noInterface(decoded.body.first?.string ?? "")))
         default: unknownMethod()
         }
     }
@@ -708,22 +772,22 @@ final class ServerState: ConnectionClient, @unchecked Sendable {
             let interface = args[0].string ?? ""
             let name = args[1].string ?? ""
             guard let entry = object.interfaces[interface] else {
-                reply.fail(DBusError(name: DBusError.unknownInterface, message: "No such interface '\(interface)'"))
-                return
-            }
-            if let spec = entry.spec.property(name), !spec.access.readable {
-                reply.fail(DBusError(name: DBusError.accessDenied, message: "Property '\(name)' is not readable"))
+                reply.fail(error(.noInterface(interface)))
                 return
             }
             guard let value = entry.values[name] else {
-                reply.fail(DBusError(name: DBusError.unknownProperty, message: "No such property '\(name)'"))
+                reply.fail(error(.noPropertyToGet(name)))
+                return
+            }
+            if let spec = entry.spec.property(name), !spec.access.readable {
+                reply.fail(error(.notReadable(name)))
                 return
             }
             reply.succeed([.variant(value)])
         case ("GetAll", "s"):
             let interface = args[0].string ?? ""
             guard let entry = object.interfaces[interface] else {
-                reply.fail(DBusError(name: DBusError.unknownInterface, message: "No such interface '\(interface)'"))
+                reply.fail(error(.noInterface(interface)))
                 return
             }
             reply.succeed([ServerState.allProperties(entry)])
@@ -731,25 +795,24 @@ final class ServerState: ConnectionClient, @unchecked Sendable {
             let interface = args[0].string ?? ""
             let name = args[1].string ?? ""
             guard let entry = object.interfaces[interface] else {
-                reply.fail(DBusError(name: DBusError.unknownInterface, message: "No such interface '\(interface)'"))
+                reply.fail(error(.noInterface(interface)))
                 return
             }
             guard let spec = entry.spec.property(name) else {
-                reply.fail(DBusError(name: DBusError.unknownProperty, message: "No such property '\(name)'"))
+                reply.fail(error(.noPropertyToSet(name)))
                 return
             }
             guard spec.access.writable else {
-                reply.fail(DBusError(name: DBusError.propertyReadOnly, message: "Property '\(name)' is not writable"))
+                reply.fail(error(.readOnly(name)))
+                return
+            }
+            if errorStyle == .bluez && entry.values[name] == nil {
+                reply.fail(error(.noPropertyToSet(name)))
                 return
             }
             let value = args[2].variantValue ?? args[2]
             guard value.signatureText == spec.signature.rawValue else {
-                reply.fail(
-                    DBusError(
-                        name: DBusError.invalidArgs,
-                        message:
-                            "Invalid type for property '\(name)': expected '\(spec.signature.rawValue)', got '\(value.signatureText)'"
-                    ))
+                reply.fail(error(.wrongType(name, expected: spec.signature.rawValue, got: value.signatureText)))
                 return
             }
             if let handler = entry.spec.setHandler, let error = handler(name, value, decoded.sender ?? "") {
@@ -770,12 +833,13 @@ final class ServerState: ConnectionClient, @unchecked Sendable {
         var entries: [DBusDictEntry] = []
         for path in objects.keys.sorted() {
             guard let object = objects[path] else { continue }
-            var interfaces: [DBusDictEntry] = ServerState.standardInterfacesAddedOrder.map {
-                DBusDictEntry(key: .string($0), value: ServerState.emptyProperties)
-            }
-            for name in object.order {
-                guard let entry = object.interfaces[name] else { continue }
-                interfaces.append(DBusDictEntry(key: .string(name), value: ServerState.allProperties(entry)))
+            var interfaces: [DBusDictEntry] = []
+            for name in ServerState.withStandardInterfaces(object.order) {
+                if let entry = object.interfaces[name] {
+                    interfaces.append(DBusDictEntry(key: .string(name), value: ServerState.allProperties(entry)))
+                } else {
+                    interfaces.append(DBusDictEntry(key: .string(name), value: ServerState.emptyProperties))
+                }
             }
             entries.append(
                 DBusDictEntry(key: .objectPath(path), value: .dictionary(key: "s", value: "a{sv}", interfaces)))

@@ -28,6 +28,7 @@ public struct DBusSignature: Hashable, Sendable, ExpressibleByStringLiteral, Cus
 
     init(unchecked value: String) { rawValue = value }
 
+    /// The signature text.
     public var description: String { rawValue }
 
     /// True when `text` is a valid (possibly empty) sequence of complete types.
@@ -67,6 +68,7 @@ public struct DBusObjectPath: Hashable, Sendable, ExpressibleByStringLiteral, Cu
 
     init(unchecked value: String) { rawValue = value }
 
+    /// The path text.
     public var description: String { rawValue }
 
     /// The root path `/`.
@@ -93,6 +95,7 @@ public struct DBusObjectPath: Hashable, Sendable, ExpressibleByStringLiteral, Cu
     /// The path components (`/a/b` -> `["a", "b"]`; `/` -> `[]`).
     public var components: [String] { rawValue.split(separator: "/").map(String.init) }
 
+    /// Orders paths by their text.
     public static func < (lhs: DBusObjectPath, rhs: DBusObjectPath) -> Bool { lhs.rawValue < rhs.rawValue }
 
     static func isValid(_ text: String) -> Bool {
@@ -127,8 +130,11 @@ public final class DBusFileDescriptor: Hashable, Sendable, CustomStringConvertib
         if value >= 0 { _ = Glibc.close(value) }
     }
 
+    /// Identity: two objects are equal only if they are the same owner.
     public static func == (lhs: DBusFileDescriptor, rhs: DBusFileDescriptor) -> Bool { lhs === rhs }
+    /// Hashes the identity.
     public func hash(into hasher: inout Hasher) { hasher.combine(ObjectIdentifier(self)) }
+    /// `fd(N)`.
     public var description: String { "fd(\(rawValue))" }
 }
 
@@ -151,18 +157,31 @@ public struct DBusDictEntry: Hashable, Sendable {
 /// `ay` is always ``bytes(_:)`` when received. Containers carry their element signatures so empty ones
 /// marshal correctly; elements whose type does not match are rejected with ``DBusError/invalidArgs``.
 public indirect enum DBusValue: Hashable, Sendable {
+    /// `y`
     case byte(UInt8)
+    /// `b`
     case boolean(Bool)
+    /// `n`
     case int16(Int16)
+    /// `q`
     case uint16(UInt16)
+    /// `i`
     case int32(Int32)
+    /// `u`
     case uint32(UInt32)
+    /// `x`
     case int64(Int64)
+    /// `t`
     case uint64(UInt64)
+    /// `d`
     case double(Double)
+    /// `s` (must not contain NUL)
     case string(String)
+    /// `o`
     case objectPath(DBusObjectPath)
+    /// `g`
     case signature(DBusSignature)
+    /// `h`: sent as a duplicate of the descriptor; received as a duplicate the receiver owns.
     case unixFD(DBusFileDescriptor)
     /// An `ay` (marshalled as one fixed array).
     case bytes([UInt8])
@@ -318,6 +337,7 @@ public indirect enum DBusValue: Hashable, Sendable {
 }
 
 extension DBusValue: CustomStringConvertible {
+    /// A readable rendering, in the spirit of `dbus-send --print-reply`.
     public var description: String {
         switch self {
         case .byte(let v): return "byte \(v)"

@@ -3,20 +3,6 @@ import Foundation
 import TestSupport
 import Testing
 
-/// A private bus plus helpers shared by the tests. The daemon is killed outright at the end (it takes seconds
-/// to honour SIGTERM).
-final class BusFixture: @unchecked Sendable {
-    let bus: PrivateBus
-    init() throws { bus = try PrivateBus() }
-    func connect() throws -> DBusConnection { try DBusConnection(.address(bus.address)) }
-    var address: String { bus.address }
-    func killDaemon() {
-        bus.daemon.signal(SIGKILL)
-        bus.daemon.process.waitUntilExit()
-    }
-    deinit { killDaemon() }
-}
-
 @Suite struct ConnectionTests {
     @Test func connectsAndCallsTheBus() async throws {
         let fixture = try BusFixture()

@@ -210,6 +210,31 @@ let everyType: [DBusValue] = [
         #expect(!names.isEmpty)
     }
 
+    @Test func fileDescriptorsCannotBeSerialisedToBytes() {
+        var fds: [Int32] = [0, 0]
+        #expect(pipe(&fds) == 0)
+        let a = DBusFileDescriptor(owning: fds[0])
+        let b = DBusFileDescriptor(owning: fds[1])
+        let message = DBusMessage.signal(
+            path: "/t", interface: "org.example.T", name: "F", body: [.variant(.array("h", [.unixFD(a), .unixFD(b)]))])
+        #expect(throws: DBusError.self) { try message.wireFormat() }
+    }
+
+    @Test func invalidUTF8OnTheWireIsRejected() throws {
+        let good = try DBusMessage.signal(
+            path: "/t", interface: "org.example.T", name: "S", body: [.string("zqzqzq")]
+        ).wireFormat()
+        #expect(try DBusMessage(wireFormat: good).body == [.string("zqzqzq")])
+        var bad = good
+        let marker = Array("zqzqzq".utf8)
+        let start = try #require(
+            (0...(bad.count - marker.count)).first { Array(bad[$0..<($0 + marker.count)]) == marker })
+        bad[start + 1] = 0xff  // not UTF-8
+        #expect(throws: DBusError.self) { try DBusMessage(wireFormat: bad) }
+        bad[start + 1] = 0x00  // embedded NUL
+        #expect(throws: DBusError.self) { try DBusMessage(wireFormat: bad) }
+    }
+
     @Test func malformedWireBytesThrow() throws {
         #expect(throws: DBusError.self) { try DBusMessage(wireFormat: []) }
         #expect(throws: DBusError.self) { try DBusMessage(wireFormat: [UInt8](repeating: 0x41, count: 64)) }

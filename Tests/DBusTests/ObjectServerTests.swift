@@ -49,7 +49,12 @@ final class ServerFixture: @unchecked Sendable {
     func addThing(at path: DBusObjectPath = "/org/example/thing", methods: [DBusMethodSpec] = []) {
         objects.addInterfaces(
             at: path,
-            [(thingSpec(methods: methods), ["Name": .string("one"), "Count": .uint32(1), "Level": .byte(5)])])
+            [
+                (
+                    thingSpec(methods: methods),
+                    ["Name": .string("one"), "Count": .uint32(1), "Level": .byte(5), "Secret": .string("s")]
+                )
+            ])
     }
 
     func call(
@@ -154,6 +159,66 @@ func expectError(
         ) {
             _ = try await f.call("/org/example/thing", "org.freedesktop.DBus.Properties", "Get", [.string("x")])
         }
+    }
+
+    @Test func bluezStylePropertyErrors() async throws {
+        let bus = try BusFixture()
+        let server = try bus.connect()
+        let client = try bus.connect()
+        let objects = DBusObjectServer(connection: server, propertyErrors: .bluez)
+        objects.addInterfaces(
+            at: "/org/bluez/hci0",
+            [
+                (
+                    DBusInterfaceSpec(
+                        "org.bluez.Adapter1",
+                        properties: [
+                            DBusPropertySpec("Address", "s"), DBusPropertySpec("Alias", "s", access: .readWrite),
+                            DBusPropertySpec("Modalias", "s", access: .readWrite),
+                            DBusPropertySpec("Key", "s", access: .write),
+                        ]), ["Address": .string("00:11:22:33:44:55"), "Alias": .string("a"), "Key": .string("k")]
+                )
+            ])
+        func properties(_ method: String, _ arguments: [DBusValue]) async throws -> [DBusValue] {
+            try await client.call(
+                destination: server.uniqueName, path: "/org/bluez/hci0", interface: "org.freedesktop.DBus.Properties",
+                method: method, arguments: arguments)
+        }
+        await expectError(DBusError.invalidArgs, "No such property 'Colour'") {
+            _ = try await properties("Get", [.string("org.bluez.Adapter1"), .string("Colour")])
+        }
+        await expectError(DBusError.invalidArgs, "No such property 'Modalias'") {  // declared, absent
+            _ = try await properties("Get", [.string("org.bluez.Adapter1"), .string("Modalias")])
+        }
+        await expectError(DBusError.invalidArgs, "Property 'Key' is not readable") {
+            _ = try await properties("Get", [.string("org.bluez.Adapter1"), .string("Key")])
+        }
+        await expectError(DBusError.invalidArgs, "No such interface 'org.bluez.Nope'") {
+            _ = try await properties("Get", [.string("org.bluez.Nope"), .string("Address")])
+        }
+        await expectError(DBusError.invalidArgs, "No such interface 'org.bluez.Nope'") {
+            _ = try await properties("GetAll", [.string("org.bluez.Nope")])
+        }
+        await expectError(DBusError.invalidArgs, "No such interface 'org.bluez.Nope'") {
+            _ = try await properties("Set", [.string("org.bluez.Nope"), .string("Alias"), .variant(.string("x"))])
+        }
+        await expectError(DBusError.unknownProperty, "No such property 'Colour'") {
+            _ = try await properties("Set", [.string("org.bluez.Adapter1"), .string("Colour"), .variant(.string("x"))])
+        }
+        await expectError(DBusError.unknownProperty, "No such property 'Modalias'") {
+            _ = try await properties(
+                "Set", [.string("org.bluez.Adapter1"), .string("Modalias"), .variant(.string("x"))])
+        }
+        await expectError(DBusError.propertyReadOnly, "Property 'Address' is not writable") {
+            _ = try await properties(
+                "Set", [.string("org.bluez.Adapter1"), .string("Address"), .variant(.string("x"))])
+        }
+        await expectError(DBusError.invalidSignature, "Invalid signature for 'Alias'") {
+            _ = try await properties("Set", [.string("org.bluez.Adapter1"), .string("Alias"), .variant(.int32(1))])
+        }
+        _ = try await properties("Set", [.string("org.bluez.Adapter1"), .string("Alias"), .variant(.string("b"))])
+        #expect(
+            try await properties("Get", [.string("org.bluez.Adapter1"), .string("Alias")]) == [.variant(.string("b"))])
     }
 
     @Test func methodCallsRepliesAndUnknownTexts() async throws {
@@ -336,11 +401,11 @@ func expectError(
         let interfaces = try #require(first.body[1].dictionaryEntries)
         #expect(
             interfaces.compactMap(\.key.string) == [
-                "org.freedesktop.DBus.Introspectable", "org.freedesktop.DBus.Properties", ServerFixture.interface,
-            ])
+                "org.freedesktop.DBus.Introspectable", ServerFixture.interface, "org.freedesktop.DBus.Properties",
+            ])  // gdbus's order
         #expect(interfaces[0].value == .dictionary(key: "s", value: "v", []))
-        #expect(interfaces[1].value == .dictionary(key: "s", value: "v", []))
-        #expect(interfaces[2].value.stringVariantDictionary == ["Name": .string("one"), "Count": .uint32(4)])
+        #expect(interfaces[2].value == .dictionary(key: "s", value: "v", []))
+        #expect(interfaces[1].value.stringVariantDictionary == ["Name": .string("one"), "Count": .uint32(4)])
 
         objects.addInterfaces(at: "/org/example/thing", [(battery, ["Percentage": .byte(80)])])
         let second = try #require(await iterator.next())
@@ -353,7 +418,7 @@ func expectError(
         #expect(entry.key == .objectPath("/org/example/thing"))
         #expect(
             entry.value.dictionaryEntries?.compactMap(\.key.string) == [
-                "org.freedesktop.DBus.Introspectable", "org.freedesktop.DBus.Properties", ServerFixture.interface,
+                "org.freedesktop.DBus.Introspectable", ServerFixture.interface, "org.freedesktop.DBus.Properties",
                 "org.bluez.Battery1",
             ])
 
@@ -469,6 +534,42 @@ func expectError(
         #expect(leaf.children.isEmpty)
     }
 
+    @Test func gdbusAndBusctlUnderstandTheIntrospection() async throws {
+        let f = try await ServerFixture()
+        f.addThing(at: "/org/example/thing")
+        f.addThing(at: "/org/example/thing/child1")
+        let address = f.bus.address
+        if let gdbus = which("gdbus") {
+            let result = try await runTool(
+                gdbus,
+                [
+                    "introspect", "--address", address, "--dest", ServerFixture.name, "--object-path", "/",
+                    "--recurse", "--only-properties",
+                ])
+            #expect(result.status == 0, "\(result.stderr)")
+            #expect(result.stdout.contains("node /org/example/thing/child1"))
+            #expect(result.stdout.contains("readwrite s Name = 'one';"))
+            #expect(result.stdout.contains("readonly u Count = 1;"))
+        } else {
+            Issue.record("gdbus is not installed")
+        }
+        if let busctl = which("busctl") {
+            let tree = try await runTool(busctl, ["--address=\(address)", "tree", "--list", ServerFixture.name])
+            #expect(tree.status == 0, "\(tree.stderr)")
+            #expect(tree.stdout.contains("/org/example/thing/child1"))
+            let property = try await runTool(
+                busctl,
+                [
+                    "--address=\(address)", "get-property", ServerFixture.name, "/org/example/thing",
+                    ServerFixture.interface, "Name",
+                ])
+            #expect(property.status == 0, "\(property.stderr)")
+            #expect(property.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "s \"one\"")
+        } else {
+            Issue.record("busctl is not installed")
+        }
+    }
+
     @Test func dbusSendReadsPropertiesAndCallsMethods() async throws {
         let f = try await ServerFixture()
         f.addThing()
@@ -477,48 +578,39 @@ func expectError(
             return
         }
         let address = f.bus.address
-        let get = try await Task.detached {
-            try runCommand(
-                dbusSend,
-                [
-                    "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
-                    "org.freedesktop.DBus.Properties.Get", "string:\(ServerFixture.interface)", "string:Name",
-                ], timeout: 10)
-        }.value
+        let get = try await runTool(
+            dbusSend,
+            [
+                "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
+                "org.freedesktop.DBus.Properties.Get", "string:\(ServerFixture.interface)", "string:Name",
+            ])
         #expect(get.status == 0, "\(get.stderr)")
         #expect(get.stdout.contains("variant       string \"one\"") || get.stdout.contains("variant string \"one\""))
-        let add = try await Task.detached {
-            try runCommand(
-                dbusSend,
-                [
-                    "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
-                    "\(ServerFixture.interface).Add", "int32:2", "int32:40",
-                ], timeout: 10)
-        }.value
+        let add = try await runTool(
+            dbusSend,
+            [
+                "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
+                "\(ServerFixture.interface).Add", "int32:2", "int32:40",
+            ])
         #expect(add.status == 0, "\(add.stderr)")
         #expect(add.stdout.contains("int32 42"))
-        let set = try await Task.detached {
-            try runCommand(
-                dbusSend,
-                [
-                    "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
-                    "org.freedesktop.DBus.Properties.Set", "string:\(ServerFixture.interface)", "string:Name",
-                    "variant:string:from-dbus-send",
-                ], timeout: 10)
-        }.value
+        let set = try await runTool(
+            dbusSend,
+            [
+                "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
+                "org.freedesktop.DBus.Properties.Set", "string:\(ServerFixture.interface)", "string:Name",
+                "variant:string:from-dbus-send",
+            ])
         #expect(set.status == 0, "\(set.stderr)")
         #expect(
             f.objects.property(at: "/org/example/thing", interface: ServerFixture.interface, "Name")
                 == .string("from-dbus-send"))
-        let unknown = try await Task.detached {
-            try runCommand(
-                dbusSend,
-                [
-                    "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
-                    "\(ServerFixture.interface).Nope",
-                ],
-                timeout: 10)
-        }.value
+        let unknown = try await runTool(
+            dbusSend,
+            [
+                "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
+                "\(ServerFixture.interface).Nope",
+            ])
         #expect(unknown.status != 0)
         #expect(unknown.stderr.contains("org.freedesktop.DBus.Error.UnknownMethod"))
     }

@@ -257,7 +257,7 @@ func members(until stream: DBusSignalStream) async -> [String] {
         #expect(throws: DBusError.self) { try DBusConnection(.address("")) }
     }
 
-    @Test func systemBusHonoursTheEnvironment() async throws {
+    @Test func systemAndSessionBusesHonourTheEnvironment() async throws {
         let fixture = try BusFixture()
         // setenv affects the whole test process; the value only matters to .system connections.
         setenv("DBUS_SYSTEM_BUS_ADDRESS", fixture.address, 1)
@@ -268,6 +268,10 @@ func members(until stream: DBusSignalStream) async -> [String] {
             destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
             method: "ListNames")
         #expect(names.first?.arrayElements?.contains(.string(connection.uniqueName)) == true)
+        setenv("DBUS_SESSION_BUS_ADDRESS", fixture.address, 1)
+        let session = try DBusConnection(.session)
+        try await session.ping(connection.uniqueName)  // libdbus answers Peer.Ping for every connection
+        #expect(try await session.nameOwner("org.freedesktop.DBus") == "org.freedesktop.DBus")
     }
 
     @Test func closeIsIdempotentAndFailsLaterCalls() async throws {
@@ -282,6 +286,55 @@ func members(until stream: DBusSignalStream) async -> [String] {
             let short = try fixture.connect()
             try await short.ping("org.freedesktop.DBus")
         }
+    }
+
+    @Test func concurrentCallsFromManyTasksAllGetTheirOwnReplies() async throws {
+        let fixture = try BusFixture()
+        let server = try fixture.connect()
+        let client = try fixture.connect()
+        let objects = DBusObjectServer(connection: server)
+        objects.addInterfaces(
+            at: "/echo",
+            [
+                (
+                    DBusInterfaceSpec(
+                        "org.example.Echo",
+                        methods: [
+                            DBusMethodSpec("Echo", in: "ui", out: "ui") { call in .reply(call.arguments) },
+                            DBusMethodSpec("Later", in: "u", out: "u") { call in
+                                let reply = call.reply
+                                let value = call.arguments
+                                Task.detached { reply.succeed(value) }
+                                return .deferred
+                            },
+                        ]), [:]
+                )
+            ])
+        let serverName = server.uniqueName
+        let mismatches = try await withThrowingTaskGroup(of: Int.self) { group in
+            for worker in 0..<8 {
+                group.addTask {
+                    var wrong = 0
+                    for index in 0..<150 {
+                        let tag = UInt32(worker * 1000 + index)
+                        if index % 3 == 0 {
+                            let reply = try await client.call(
+                                destination: serverName, path: "/echo", interface: "org.example.Echo",
+                                method: "Later", arguments: [.uint32(tag)])
+                            if reply != [.uint32(tag)] { wrong += 1 }
+                        } else {
+                            let reply = try await client.call(
+                                destination: serverName, path: "/echo", interface: "org.example.Echo",
+                                method: "Echo", arguments: [.uint32(tag), .int32(-Int32(index))])
+                            if reply != [.uint32(tag), .int32(-Int32(index))] { wrong += 1 }
+                        }
+                    }
+                    return wrong
+                }
+            }
+            return try await group.reduce(0, +)
+        }
+        #expect(mismatches == 0)
     }
 
     @Test func burstOfPropertyChangesArrivesComplete() async throws {
