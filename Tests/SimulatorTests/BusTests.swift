@@ -220,8 +220,14 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
                 == .uint16(0x0e))
 
         let before = rec.all.count
-        try await c.call(hrPath, "org.bluez.Device1", "Disconnect")
+        let disconnectReply = try await c.connection.call(
+            .methodCall(destination: "org.bluez", path: hrPath, interface: "org.bluez.Device1", method: "Disconnect"))
+        try await rec.wait("disconnected") {
+            $0.dropFirst(before).contains { SignalRecorder.describe($0) == "PC \(hrPath.rawValue) {Connected}" }
+        }
         let afterDisconnect = rec.all.dropFirst(before).map(SignalRecorder.describe)
+        // Disconnect replies after Connected=false.
+        #expect(rec.all.dropFirst(before).allSatisfy { $0.serial < disconnectReply.serial })
         #expect(
             afterDisconnect == [
                 "PC \(hrPath.rawValue) {ServicesResolved}", "SIG Disconnected", "PC \(hrPath.rawValue) {Connected}",
