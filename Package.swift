@@ -38,7 +38,10 @@ let package = Package(
         // Executables: wiring only.
         .executableTarget(name: "blebridge", dependencies: ["BridgeTools"]),
         .executableTarget(name: "bluez-sim", dependencies: ["BlueZSimulator"]),
-        .executableTarget(name: "bench-gatt", dependencies: ["GATT", "GATTCrypto"]),
+        .executableTarget(
+            name: "bench-gatt", dependencies: ["GATT", "GATTCrypto"],
+            // Exports the benchmark's counting malloc so that every library's calls reach it.
+            linkerSettings: [.unsafeFlags(["-Xlinker", "--export-dynamic-symbol=malloc"])]),
         .executableTarget(name: "bench-mqtt", dependencies: ["MQTT"]),
         .executableTarget(name: "bench-notify", dependencies: ["DBus"]),
 

@@ -46,7 +46,7 @@ public func writeErr(_ line: String) {
 public enum BridgeCLI {
     /// Every subcommand, in the order `--help` lists them.
     public static let commands: [any CLICommand.Type] = [
-        // decode (GATT parsers)
+        DecodeCommand.self,
         // scan, explore, read, write, notify (BlueZ)
         ScanCommand.self, ExploreCommand.self, ReadCommand.self, WriteCommand.self, NotifyCommand.self,
     ]

@@ -95,7 +95,10 @@ func hex(_ value: UInt64, _ digits: Int) -> String {
 }
 
 /// One decoded value, ready to become JSON.
-public indirect enum GATTValue: Sendable, Equatable {
+///
+/// Not `indirect`: arrays and nested readings already live in heap storage, and boxing every scalar would cost an
+/// allocation per field on the hot decode path.
+public enum GATTValue: Sendable, Equatable {
     case null
     case bool(Bool)
     case int(Int64)

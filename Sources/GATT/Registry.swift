@@ -6,6 +6,24 @@ public struct GATTRegistryError: Error, Sendable, Equatable, CustomStringConvert
     public init(_ description: String) { self.description = description }
 }
 
+/// A characteristic value that its parser rejected, naming the parser and the UUID (`heart_rate_measurement (2A37):
+/// truncated at offset 3: needed 2 octet(s), 0 available`).
+public struct GATTDecodeError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// The parser's name, or `characteristic_presentation_format` when the 0x2904 descriptor did the decoding.
+    public let characteristic: String
+    public let uuid: BluetoothUUID
+    /// What was wrong, with the offset.
+    public let reason: GATTParseError
+
+    public init(characteristic: String, uuid: BluetoothUUID, reason: GATTParseError) {
+        self.characteristic = characteristic
+        self.uuid = uuid
+        self.reason = reason
+    }
+
+    public var description: String { "\(characteristic) (\(uuid)): \(reason)" }
+}
+
 /// Looks up characteristic and advertisement parsers by UUID (any of the 16-, 32- or 128-bit forms) or name.
 public struct GATTParserRegistry: Sendable {
     private var byUUID: [BluetoothUUID: any GATTCharacteristicParser] = [:]
@@ -20,6 +38,31 @@ public struct GATTParserRegistry: Sendable {
         var registry = GATTParserRegistry()
         for parser in BuiltInCharacteristicParsers.all { try registry.register(parser) }
         for parser in BuiltInAdvertisementParsers.all { try registry.register(parser) }
+        return registry
+    }
+
+    /// The built-in parsers, then the parsers declared in the configuration, in order.
+    ///
+    /// - Throws: `GATTRegistryError` naming the path of an invalid declaration
+    ///   (`parsers[0].fields[2].type: "u17" is not a field type`) or both parsers of a duplicate UUID.
+    public static func builtIn(declaring specs: [DeclarativeParserSpec], path: String = "parsers")
+        throws(GATTRegistryError) -> GATTParserRegistry
+    {
+        var registry = try builtIn()
+        for (index, spec) in specs.enumerated() {
+            let itemPath = "\(path)[\(index)]"
+            let parser: DeclarativeParser
+            do {
+                parser = try DeclarativeParser(spec, path: itemPath)
+            } catch {
+                throw GATTRegistryError(error.description)
+            }
+            do {
+                try registry.register(parser)
+            } catch {
+                throw GATTRegistryError("\(itemPath): \(error.description)")
+            }
+        }
         return registry
     }
 
@@ -66,12 +109,25 @@ public struct GATTParserRegistry: Sendable {
 
     /// Decodes a characteristic value: its parser, else the 0x2904 presentation format when given,
     /// else `{"raw": "<hex>"}`.
+    ///
+    /// - Throws: `GATTDecodeError` naming the parser, the UUID and the offset, for a payload that must be rejected
+    ///   (SPEC.md §5) or a malformed presentation format.
     public func decode(_ uuid: BluetoothUUID, _ bytes: [UInt8], context: GATTDecodeContext = GATTDecodeContext())
-        throws(GATTParseError) -> GATTReading
+        throws(GATTDecodeError) -> GATTReading
     {
-        if let parser = byUUID[uuid] { return try parser.decode(bytes, context: context) }
+        if let parser = byUUID[uuid] {
+            do {
+                return try parser.decode(bytes, context: context)
+            } catch {
+                throw GATTDecodeError(characteristic: parser.name, uuid: uuid, reason: error)
+            }
+        }
         if let format = context.presentationFormat {
-            return try PresentationFormat.decode(bytes, descriptor: format)
+            do {
+                return try PresentationFormat.decode(bytes, descriptor: format)
+            } catch {
+                throw GATTDecodeError(characteristic: "characteristic_presentation_format", uuid: uuid, reason: error)
+            }
         }
         return .raw(bytes)
     }

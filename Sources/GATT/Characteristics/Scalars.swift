@@ -1,0 +1,256 @@
+// Fixed-size single-value characteristics: Body Sensor Location, Temperature Type, Battery Level, the Environmental
+// Sensing scalars (SPEC.md §3.2, 3.4, 3.5, 3.6), the ESS SFLOAT concentrations, and the GAP Appearance.
+
+/// A characteristic whose value is one integer of fixed width, scaled by a power of ten. The length is strict
+/// (SPEC.md §5.3): anything but exactly `width` octets is rejected.
+public struct ScalarCharacteristicParser: GATTCharacteristicParser {
+    public let uuids: [BluetoothUUID]
+    public let name: String
+    /// The published field (`temperature_c`).
+    public let field: String
+    /// Octets (1...4), little-endian.
+    public let width: Int
+    public let signed: Bool
+    /// value = raw × 10^decimalExponent; 0 publishes an integer.
+    public let decimalExponent: Int
+    /// The raw "not known" sentinel, published as `null`.
+    public let notKnown: Int64?
+    /// Raw values outside this range are rejected (Battery Level's 101...255 are RFU).
+    public let validRange: ClosedRange<Int64>?
+    /// The raw value that means "this value or more"; adds `<field>_saturated`.
+    public let saturatedAt: Int64?
+    /// Names for enumerations; adds `<field>_name`.
+    let names: EnumNames?
+
+    init(
+        uuid: UInt16, name: String, field: String, width: Int, signed: Bool = false, decimalExponent: Int = 0,
+        notKnown: Int64? = nil, validRange: ClosedRange<Int64>? = nil, saturatedAt: Int64? = nil,
+        names: EnumNames? = nil
+    ) {
+        uuids = [BluetoothUUID(uuid)]
+        self.name = name
+        self.field = field
+        self.width = width
+        self.signed = signed
+        self.decimalExponent = decimalExponent
+        self.notKnown = notKnown
+        self.validRange = validRange
+        self.saturatedAt = saturatedAt
+        self.names = names
+    }
+
+    public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
+        guard bytes.count == width else {
+            if bytes.count < width {
+                throw .truncated(offset: 0, needed: width, available: bytes.count)
+            }
+            throw .invalidLength(expected: "\(width) octet(s)", actual: bytes.count)
+        }
+        var cursor = ByteCursor(bytes)
+        let raw = signed ? try cursor.sintLE(width) : Int64(try cursor.uintLE(width))
+        if let validRange, !validRange.contains(raw) {
+            throw .invalidValue(field: field, offset: 0, reason: "\(raw) is reserved (valid: \(validRange))")
+        }
+        var reading = GATTReading(capacity: 2)
+        if raw == notKnown {
+            reading.append(field, .null)
+        } else {
+            reading.append(field, decimalExponent == 0 ? .int(raw) : .double(scaledDecimal(raw, exponent: decimalExponent)))
+        }
+        if let saturatedAt { reading.append("\(field)_saturated", .bool(raw == saturatedAt)) }
+        if let names { reading.append("\(field)_name", names(Int(raw))) }
+        return reading
+    }
+
+    public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
+        var writer = ByteWriter(capacity: width)
+        var fieldValue = value[field] ?? .null
+        if case .string(let text) = fieldValue, let names, let index = names.value(named: text) {
+            fieldValue = .int(Int64(index))
+        }
+        if fieldValue == .null {
+            guard let notKnown else { throw .notEncodable("\(name): field \(field) is missing") }
+            writer.uintLE(UInt64(bitPattern: notKnown), width)
+            return writer.bytes
+        }
+        if let validRange, let number = fieldValue.numberValue,
+            !validRange.contains(Int64((number * powerOfTen(-decimalExponent)).rounded()))
+        {
+            throw .notEncodable("\(name): \(field) \(number) is outside \(validRange)")
+        }
+        try writer.scaled(
+            fieldValue, multiplier: decimalExponent <= 0 ? powerOfTen(-decimalExponent) : 1 / powerOfTen(decimalExponent),
+            width: width, signed: signed, field: field)
+        return writer.bytes
+    }
+}
+
+/// An ESS concentration sent as SFLOAT in kg/m³ (SPEC.md §3.6): publishes `<base>_kg_m3` and `<base>_ug_m3`.
+public struct ConcentrationCharacteristicParser: GATTCharacteristicParser {
+    public let uuids: [BluetoothUUID]
+    public let name: String
+    /// The field stem (`pm25`).
+    public let base: String
+
+    init(uuid: UInt16, name: String, base: String) {
+        uuids = [BluetoothUUID(uuid)]
+        self.name = name
+        self.base = base
+    }
+
+    public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
+        guard bytes.count == 2 else {
+            if bytes.count < 2 { throw .truncated(offset: 0, needed: 2, available: bytes.count) }
+            throw .invalidLength(expected: "2 octets", actual: bytes.count)
+        }
+        var cursor = ByteCursor(bytes)
+        let raw = try cursor.u16()
+        var reading = GATTReading(capacity: 2)
+        reading.append("\(base)_kg_m3", MedicalFloat.decodeSFLOAT(raw))
+        // µg/m³ from the mantissa and exponent, so that 15e-8 kg/m³ is exactly 150 µg/m³.
+        reading.append("\(base)_ug_m3", MedicalFloat.decodeSFLOAT(raw, scale: 9))
+        return reading
+    }
+
+    public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
+        let field = "\(base)_kg_m3"
+        var writer = ByteWriter(capacity: 2)
+        if let kg = value[field], kg != .null {
+            writer.u16(try MedicalFloat.encodeSFLOAT(kg, field: field))
+        } else if let ug = value["\(base)_ug_m3"], ug != .null {
+            let kg: GATTValue = ug.numberValue.map { .double($0 / 1e9) } ?? ug
+            writer.u16(try MedicalFloat.encodeSFLOAT(kg, field: "\(base)_ug_m3"))
+        } else {
+            throw .notEncodable("\(name): field \(field) is missing")
+        }
+        return writer.bytes
+    }
+}
+
+/// GAP Appearance 0x2A01: `appearance` plus its `appearance_category` (bits 6-15) and `appearance_subcategory`.
+public struct AppearanceParser: GATTCharacteristicParser {
+    public let uuids = [BluetoothUUID(UInt16(0x2A01))]
+    public let name = "appearance"
+
+    public init() {}
+
+    public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
+        guard bytes.count == 2 else {
+            if bytes.count < 2 { throw .truncated(offset: 0, needed: 2, available: bytes.count) }
+            throw .invalidLength(expected: "2 octets", actual: bytes.count)
+        }
+        var cursor = ByteCursor(bytes)
+        let raw = try cursor.u16()
+        return GATTReading([
+            GATTField("appearance", .int(Int64(raw))),
+            GATTField("appearance_category", .int(Int64(raw >> 6))),
+            GATTField("appearance_subcategory", .int(Int64(raw & 0x3F))),
+        ])
+    }
+
+    public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
+        var writer = ByteWriter(capacity: 2)
+        if value.has("appearance") {
+            try writer.scaled(value["appearance"] ?? .null, multiplier: 1, width: 2, signed: false, field: "appearance")
+        } else {
+            let category = try value.required("appearance_category", in: name)
+            let sub = value["appearance_subcategory"]?.integerValue ?? 0
+            guard let c = category.integerValue, (0...0x3FF).contains(c), (0...0x3F).contains(sub) else {
+                throw .notEncodable("\(name): category or subcategory out of range")
+            }
+            writer.u16(UInt16(c << 6 | sub))
+        }
+        return writer.bytes
+    }
+}
+
+/// Body Sensor Location names (0x2A38), index = value.
+let bodySensorLocationNames = EnumNames(["other", "chest", "wrist", "finger", "hand", "ear_lobe", "foot"])
+
+/// Barometric Pressure Trend names (0x2AA3), index = value.
+let barometricPressureTrendNames = EnumNames([
+    "unknown", "continuously_falling", "continuously_rising", "falling_then_steady", "rising_then_steady",
+    "falling_before_a_lesser_rise", "falling_before_a_greater_rise", "rising_before_a_greater_fall",
+    "rising_before_a_lesser_fall", "steady",
+])
+
+extension ScalarCharacteristicParser {
+    /// The built-in fixed-size single-value characteristics.
+    static let builtIn: [ScalarCharacteristicParser] = [
+        ScalarCharacteristicParser(
+            uuid: 0x2A38, name: "body_sensor_location", field: "body_sensor_location", width: 1,
+            names: bodySensorLocationNames),
+        ScalarCharacteristicParser(
+            uuid: 0x2A1D, name: "temperature_type", field: "temperature_type", width: 1,
+            names: temperatureTypeNames),
+        ScalarCharacteristicParser(
+            uuid: 0x2A19, name: "battery_level", field: "battery_pct", width: 1, validRange: 0...100),
+        // Environmental Sensing (GSS: M = 1, d = the decimal exponent).
+        ScalarCharacteristicParser(
+            uuid: 0x2A6E, name: "temperature", field: "temperature_c", width: 2, signed: true, decimalExponent: -2,
+            notKnown: -0x8000),
+        ScalarCharacteristicParser(
+            uuid: 0x2A6F, name: "humidity", field: "humidity_pct", width: 2, decimalExponent: -2, notKnown: 0xFFFF),
+        ScalarCharacteristicParser(
+            uuid: 0x2A6D, name: "pressure", field: "pressure_pa", width: 4, decimalExponent: -1),
+        ScalarCharacteristicParser(
+            uuid: 0x2A6C, name: "elevation", field: "elevation_m", width: 3, signed: true, decimalExponent: -2),
+        ScalarCharacteristicParser(uuid: 0x2A76, name: "uv_index", field: "uv_index", width: 1),
+        ScalarCharacteristicParser(
+            uuid: 0x2AFB, name: "illuminance", field: "illuminance_lx", width: 3, decimalExponent: -2,
+            notKnown: 0xFF_FFFF),
+        ScalarCharacteristicParser(
+            uuid: 0x2B8C, name: "co2_concentration", field: "co2_ppm", width: 2, notKnown: 0xFFFF,
+            saturatedAt: 0xFFFE),
+        ScalarCharacteristicParser(
+            uuid: 0x2BE7, name: "voc_concentration", field: "voc_ppb", width: 2, notKnown: 0xFFFF,
+            saturatedAt: 0xFFFE),
+        ScalarCharacteristicParser(
+            uuid: 0x2A7B, name: "dew_point", field: "dew_point_c", width: 1, signed: true),
+        ScalarCharacteristicParser(
+            uuid: 0x2A7A, name: "heat_index", field: "heat_index_c", width: 1, signed: true),
+        ScalarCharacteristicParser(
+            uuid: 0x2A79, name: "wind_chill", field: "wind_chill_c", width: 1, signed: true),
+        ScalarCharacteristicParser(
+            uuid: 0x2A70, name: "true_wind_speed", field: "true_wind_speed_m_s", width: 2, decimalExponent: -2),
+        ScalarCharacteristicParser(
+            uuid: 0x2A71, name: "true_wind_direction", field: "true_wind_direction_deg", width: 2,
+            decimalExponent: -2),
+        ScalarCharacteristicParser(
+            uuid: 0x2A72, name: "apparent_wind_speed", field: "apparent_wind_speed_m_s", width: 2,
+            decimalExponent: -2),
+        ScalarCharacteristicParser(
+            uuid: 0x2A73, name: "apparent_wind_direction", field: "apparent_wind_direction_deg", width: 2,
+            decimalExponent: -2),
+        ScalarCharacteristicParser(
+            uuid: 0x2A74, name: "gust_factor", field: "gust_factor", width: 1, decimalExponent: -1),
+        ScalarCharacteristicParser(
+            uuid: 0x2A75, name: "pollen_concentration", field: "pollen_concentration_per_m3", width: 3),
+        ScalarCharacteristicParser(
+            uuid: 0x2A77, name: "irradiance", field: "irradiance_w_m2", width: 2, decimalExponent: -1),
+        ScalarCharacteristicParser(
+            uuid: 0x2A78, name: "rainfall", field: "rainfall_m", width: 2, decimalExponent: -3),
+        ScalarCharacteristicParser(
+            uuid: 0x2A2C, name: "magnetic_declination", field: "magnetic_declination_deg", width: 2,
+            decimalExponent: -2),
+        ScalarCharacteristicParser(
+            uuid: 0x2AA3, name: "barometric_pressure_trend", field: "barometric_pressure_trend", width: 1,
+            names: barometricPressureTrendNames),
+    ]
+}
+
+extension ConcentrationCharacteristicParser {
+    /// The ESS concentrations sent as SFLOAT kg/m³.
+    static let builtIn: [ConcentrationCharacteristicParser] = [
+        ConcentrationCharacteristicParser(uuid: 0x2BCF, name: "ammonia_concentration", base: "ammonia"),
+        ConcentrationCharacteristicParser(uuid: 0x2BD0, name: "carbon_monoxide_concentration", base: "co"),
+        ConcentrationCharacteristicParser(uuid: 0x2BD1, name: "methane_concentration", base: "methane"),
+        ConcentrationCharacteristicParser(uuid: 0x2BD2, name: "nitrogen_dioxide_concentration", base: "no2"),
+        ConcentrationCharacteristicParser(uuid: 0x2BD3, name: "nmvoc_concentration", base: "nmvoc"),
+        ConcentrationCharacteristicParser(uuid: 0x2BD4, name: "ozone_concentration", base: "o3"),
+        ConcentrationCharacteristicParser(uuid: 0x2BD5, name: "pm1_concentration", base: "pm1"),
+        ConcentrationCharacteristicParser(uuid: 0x2BD6, name: "pm25_concentration", base: "pm25"),
+        ConcentrationCharacteristicParser(uuid: 0x2BD7, name: "pm10_concentration", base: "pm10"),
+        ConcentrationCharacteristicParser(uuid: 0x2BD8, name: "sulfur_dioxide_concentration", base: "so2"),
+    ]
+}
