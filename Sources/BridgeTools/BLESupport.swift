@@ -269,6 +269,8 @@ indirect enum BLEJSON {
     case string(String)
     case array([BLEJSON])
     case object([(String, BLEJSON)])
+    /// Already-serialised JSON (a reading from the GATT target's encoder).
+    case raw(String)
 
     var text: String {
         var out = ""
@@ -279,6 +281,7 @@ indirect enum BLEJSON {
     func write(into out: inout String) {
         switch self {
         case .null: out += "null"
+        case .raw(let text): out += text
         case .bool(let b): out += b ? "true" : "false"
         case .int(let i): out += String(i)
         case .double(let d):
@@ -310,19 +313,7 @@ indirect enum BLEJSON {
     }
 
     init(_ reading: GATTReading) {
-        self = .object(reading.fields.map { ($0.name, BLEJSON($0.value)) })
-    }
-
-    init(_ value: GATTValue) {
-        switch value {
-        case .null: self = .null
-        case .bool(let b): self = .bool(b)
-        case .int(let i): self = .int(i)
-        case .double(let d): self = .double(d)
-        case .string(let s): self = .string(s)
-        case .array(let items): self = .array(items.map(BLEJSON.init))
-        case .object(let r): self = BLEJSON(r)
-        }
+        self = .raw(reading.jsonString)
     }
 }
 
@@ -348,7 +339,7 @@ func jsonQuote(_ s: String, into out: inout String) {
 }
 
 /// A reading as one compact JSON line.
-func readingJSON(_ reading: GATTReading) -> String { BLEJSON(reading).text }
+func readingJSON(_ reading: GATTReading) -> String { reading.jsonString }
 
 /// Runs a command body, printing its failure to stderr with the command's name.
 func runBLE(_ name: String, _ body: () async throws(BLEFailure) -> Int32) async -> Int32 {

@@ -1,0 +1,189 @@
+// The BLE subcommands of the built `blebridge` binary against bluez-sim running the demo scenario.
+import Foundation
+import TestSupport
+import Testing
+
+private let polar = "A0:9E:1A:4F:2C:11"
+private let enviro = "D4:3A:2C:7E:10:05"
+private let bthome = "A4:C1:38:8F:80:A5"
+private let ruuvi = "CB:B8:33:4C:88:4F"
+private let echo = "F1:E2:D3:C4:B5:A6"
+private let nusRX = "6e400002-b5a3-f393-e0a9-e50e24dcca9e"
+
+/// Runs `blebridge ARGS` against `sim`'s bus.
+private func blebridge(_ sim: SimulatorFixture, _ arguments: [String], timeout: TimeInterval = 30) throws -> (
+    status: Int32, stdout: String, stderr: String
+) {
+    try runCommand(Fixtures.executable("blebridge"), arguments, environment: sim.environment, timeout: timeout)
+}
+
+private func demo() throws -> SimulatorFixture {
+    try SimulatorFixture(scenarioFile: Fixtures.config("demo-scenario.yaml"))
+}
+
+private func json(_ text: String) throws -> Any {
+    try JSONSerialization.jsonObject(with: Data(text.utf8))
+}
+
+@Suite struct BLEScanCommandTests {
+    @Test func scanTextListsEveryDemoDevice() throws {
+        let sim = try demo()
+        let r = try blebridge(sim, ["scan", "--duration", "1.5"])
+        #expect(r.status == 0, "stderr: \(r.stderr)")
+        for address in [polar, "00:09:1F:84:6C:21", enviro, bthome, ruuvi, echo] {
+            #expect(r.stdout.contains(address), "missing \(address) in\n\(r.stdout)")
+        }
+        let polarLine = r.stdout.split(separator: "\n").first { $0.hasPrefix(polar) } ?? ""
+        #expect(polarLine.contains("Polar H10 4F2C11"))
+        #expect(polarLine.contains("RSSI -"))
+        #expect(polarLine.contains("TX 0 dBm"))
+        #expect(polarLine.hasSuffix("(public)"))
+        #expect(r.stdout.contains("  services: 180D, 180F"))
+        #expect(r.stdout.contains("  service data FCD2: 4000"))
+        #expect(r.stdout.contains("  manufacturer 0x0499: 05"))
+    }
+
+    @Test func scanJSONAndServiceFilter() throws {
+        let sim = try demo()
+        let r = try blebridge(sim, ["scan", "--duration", "1.2", "--json"])
+        #expect(r.status == 0, "stderr: \(r.stderr)")
+        let devices = try #require(try json(r.stdout) as? [[String: Any]])
+        #expect(devices.count == 6)
+        let p = try #require(devices.first { $0["address"] as? String == polar })
+        #expect(p["name"] as? String == "Polar H10 4F2C11")
+        #expect(p["address_type"] as? String == "public")
+        #expect(p["services"] as? [String] == ["180D", "180F"])
+        #expect(p["tx_power"] as? Int == 0)
+        let rssi = try #require(p["rssi"] as? Int)
+        #expect((-61)...(-55) ~= rssi)
+        let e = try #require(devices.first { $0["address"] as? String == enviro })
+        #expect(e["address_type"] as? String == "random")
+        let ru = try #require(devices.first { $0["address"] as? String == ruuvi })
+        let mfr = try #require(ru["manufacturer_data"] as? [String: String])
+        #expect(mfr["0x0499"]?.hasPrefix("05") == true)
+        let bt = try #require(devices.first { $0["address"] as? String == bthome })
+        let sd = try #require(bt["service_data"] as? [String: String])
+        #expect(sd["FCD2"]?.hasPrefix("4000") == true)
+        #expect(bt["decoded"] is [Any])
+
+        let filtered = try blebridge(sim, ["scan", "--duration", "1", "--json", "--service", "181a"])
+        #expect(filtered.status == 0, "stderr: \(filtered.stderr)")
+        let only = try #require(try json(filtered.stdout) as? [[String: Any]])
+        #expect(only.map { $0["address"] as? String } == [enviro])
+    }
+}
+
+@Suite struct BLEConnectCommandTests {
+    @Test func exploreTextShowsTreeAndDecodedValues() throws {
+        let sim = try demo()
+        let r = try blebridge(sim, ["explore", polar])
+        #expect(r.status == 0, "stderr: \(r.stderr)")
+        let out = r.stdout
+        #expect(out.hasPrefix("device Polar H10 4F2C11 (\(polar)), MTU 247"))
+        #expect(out.contains("service 180D (primary)"))
+        #expect(out.contains("  characteristic 2A37 heart_rate_measurement [notify]\n    descriptor 2902: 0000"))
+        #expect(out.contains("  characteristic 2A38 body_sensor_location [read]\n    value: 01 -> {\"body_sensor_location\":"))
+        #expect(out.contains("  characteristic 2A19 battery_level [read, notify]"))
+        #expect(out.contains("value: 5a -> {\"battery_pct\":90}"))
+        #expect(out.contains("descriptor 2904: 0400ad27010000"))
+        // No parser for the device name: raw hex.
+        #expect(out.contains("  characteristic 2A00 [read]\n    value: \(Data("Polar H10 4F2C11".utf8).map { String(format: "%02x", $0) }.joined())"))
+    }
+
+    @Test func exploreJSON() throws {
+        let sim = try demo()
+        let r = try blebridge(sim, ["explore", enviro, "--json"])
+        #expect(r.status == 0, "stderr: \(r.stderr)")
+        let root = try #require(try json(r.stdout) as? [String: Any])
+        #expect(root["address"] as? String == enviro)
+        #expect(root["name"] as? String == "EnviroSense ES-1")
+        #expect(root["mtu"] as? Int == 247)
+        let services = try #require(root["services"] as? [[String: Any]])
+        #expect(services.map { $0["uuid"] as? String } == ["1800", "180A", "181A", "180F"])
+        let env = try #require(services.first { $0["uuid"] as? String == "181A" })
+        let chars = try #require(env["characteristics"] as? [[String: Any]])
+        let temp = try #require(chars.first { $0["uuid"] as? String == "2A6E" })
+        #expect(temp["parser"] as? String == "temperature")
+        #expect(temp["properties"] as? [String] == ["read", "notify"])
+        #expect(temp["value"] as? String == "6608")
+        let decoded = try #require(temp["decoded"] as? [String: Any])
+        #expect(decoded["temperature_c"] as? Double == 21.5)
+    }
+
+    @Test func readByUUIDAndByName() throws {
+        let sim = try demo()
+        let byName = try blebridge(sim, ["read", polar, "battery_level"])
+        #expect(byName.status == 0, "stderr: \(byName.stderr)")
+        #expect(byName.stdout == "{\"battery_pct\":90}\n")
+        let raw = try blebridge(sim, ["read", polar, "0x2a00", "--hex"])
+        #expect(raw.stdout == Data("Polar H10 4F2C11".utf8).map { String(format: "%02x", $0) }.joined() + "\n")
+        let unknownName = try blebridge(sim, ["read", polar, "not_a_characteristic"])
+        #expect(unknownName.status == 64)
+        #expect(unknownName.stderr.contains("'not_a_characteristic' is neither a UUID nor a characteristic name"))
+    }
+
+    @Test func writeWithAndWithoutResponse() throws {
+        let sim = try demo()
+        let request = try blebridge(sim, ["write", echo, nusRX, "68656c6c6f"])
+        #expect(request.status == 0, "stderr: \(request.stderr)")
+        #expect(request.stdout == "wrote 5 byte(s) to \(nusRX) (request)\n")
+        let command = try blebridge(sim, ["write", echo, nusRX, "21", "--without-response"])
+        #expect(command.status == 0, "stderr: \(command.stderr)")
+        #expect(command.stdout == "wrote 1 byte(s) to \(nusRX) (command)\n")
+        let writes = try sim.control("GetWrites", ["string:\(echo)"])
+        #expect(writes.contains("\"request\""))
+        #expect(writes.contains("\"command\""))
+    }
+
+    @Test func notifyPrintsDecodedValues() throws {
+        let sim = try demo()
+        let r = try blebridge(sim, ["notify", polar, "2A37", "--count", "2"])
+        #expect(r.status == 0, "stderr: \(r.stderr)")
+        let lines = r.stdout.split(separator: "\n")
+        #expect(lines.count == 2)
+        for line in lines {
+            let object = try #require(try json(String(line)) as? [String: Any])
+            #expect(object["heart_rate_bpm"] is Int)
+        }
+    }
+}
+
+@Suite struct BLEErrorTests {
+    @Test func missingAdapterUnknownDeviceAndNotPermitted() throws {
+        let sim = try demo()
+        let adapter = try blebridge(sim, ["read", polar, "2A19", "--adapter", "hci9"])
+        #expect(adapter.status == 69)
+        #expect(adapter.stderr == "blebridge read: adapter hci9: no such adapter (present: hci0)\n")
+        let device = try blebridge(sim, ["explore", "11:22:33:44:55:66", "--scan-timeout", "0.5"])
+        #expect(device.status == 69)
+        #expect(device.stderr.contains("device 11:22:33:44:55:66: not found on hci0"))
+        let denied = try blebridge(sim, ["write", polar, "2A38", "02"])
+        #expect(denied.status == 77)
+        #expect(
+            denied.stderr
+                == "blebridge write: device Polar H10 4F2C11 (\(polar)): write 2A38 failed: not permitted: org.bluez.Error.NotPermitted Write not permitted\n"
+        )
+        let badAddress = try blebridge(sim, ["read", "nonsense", "2A19"])
+        #expect(badAddress.status == 64)
+    }
+
+    @Test func adapterPoweredOff() throws {
+        let scenario = """
+            adapters:
+              - id: hci0
+                powered: false
+            peripherals: []
+            """
+        let sim = try SimulatorFixture(scenario: scenario)
+        let r = try blebridge(sim, ["scan", "--duration", "0.2"])
+        #expect(r.status == 69)
+        #expect(r.stderr.contains("adapter hci0: powered off"))
+    }
+
+    @Test func bluetoothdNotRunning() throws {
+        let bus = try PrivateBus()
+        let r = try runCommand(Fixtures.executable("blebridge"), ["scan", "--duration", "0.2"], environment: bus.environment)
+        #expect(r.status == 69)
+        #expect(r.stderr.contains("bluetoothd (org.bluez) is not running"))
+    }
+}
