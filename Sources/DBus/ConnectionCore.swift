@@ -1,0 +1,734 @@
+// The I/O core of a connection: one thread that owns the libdbus connection. It polls the watches libdbus hands
+// out plus an eventfd, runs libdbus timeouts, dispatches, and sends everything other threads queued. Every
+// libdbus call on the connection happens on this thread (after the handshake in init), so no libdbus lock is
+// ever contended and a message queued from any thread goes out as soon as the thread wakes.
+import CDBus
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Work queued for the I/O thread.
+enum IOWork {
+    case send(CMessage)
+    case call(CMessage, timeoutMilliseconds: Int32, PendingCall)
+    case cancel(PendingCall)
+    case perform(@Sendable () -> Void)
+    case stop
+}
+
+/// Something (an object server) that holds outgoing messages back until the next message goes out or the
+/// thread idles, and that handles incoming method calls.
+protocol ConnectionClient: AnyObject, Sendable {
+    /// Messages that must go out before any other message (pending PropertiesChanged...). Called under the
+    /// connection's queue lock: it may take its own lock but never call back into the connection.
+    func takePendingMessages() -> [CMessage]
+    /// Handles a method call on the I/O thread; false when the call is not for this client.
+    func handleMethodCall(_ message: CMessage, decoded: DBusMessage) -> Bool
+    /// Handles a method call for a path no client claimed (the first client answers); returns true if handled.
+    func handleUnclaimedMethodCall(_ message: CMessage, decoded: DBusMessage) -> Bool
+}
+
+/// An in-flight method call: an exactly-once promise that works whichever side (reply, timeout, cancellation,
+/// disconnect) arrives first.
+final class PendingCall: @unchecked Sendable {
+    typealias Outcome = Result<CMessage, DBusError>
+    private enum State {
+        case initial
+        case waiting(CheckedContinuation<Outcome, Never>)
+        case completed(Outcome)
+        case delivered
+    }
+    private let state = Mutex<State>(.initial)
+    /// Runs on the I/O thread when the reply arrives, in message order (used by name owner tracking).
+    let onIOThread: (@Sendable (Outcome) -> Void)?
+    /// The libdbus pending call; touched only on the I/O thread.
+    var handle: OpaquePointer?
+
+    init(onIOThread: (@Sendable (Outcome) -> Void)? = nil) { self.onIOThread = onIOThread }
+
+    /// Completes the call; later completions are ignored.
+    func complete(_ outcome: Outcome) {
+        let continuation: CheckedContinuation<Outcome, Never>? = state.withLock { state in
+            switch state {
+            case .initial:
+                state = .completed(outcome)
+                return nil
+            case .waiting(let continuation):
+                state = .delivered
+                return continuation
+            case .completed, .delivered:
+                return nil
+            }
+        }
+        continuation?.resume(returning: outcome)
+    }
+
+    var isCompleted: Bool {
+        state.withLock { if case .initial = $0 { return false } else if case .waiting = $0 { return false }; return true }
+    }
+
+    /// Waits for the outcome; cancellation completes the call with ``DBusError/cancelled`` and cancels it in libdbus.
+    func wait(core: ConnectionCore) async -> Outcome {
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Outcome, Never>) in
+                let ready: Outcome? = state.withLock { state in
+                    switch state {
+                    case .initial:
+                        state = .waiting(continuation)
+                        return nil
+                    case .completed(let outcome):
+                        state = .delivered
+                        return outcome
+                    case .waiting, .delivered:
+                        return .failure(DBusError(name: DBusError.failed, message: "call awaited twice"))
+                    }
+                }
+                if let ready { continuation.resume(returning: ready) }
+            }
+        } onCancel: {
+            self.complete(.failure(DBusError(name: DBusError.cancelled, message: "the awaiting task was cancelled")))
+            core.enqueueInternal(.cancel(self))
+        }
+    }
+}
+
+/// A registered signal consumer.
+struct SignalSubscription: Sendable {
+    var rule: DBusMatchRule
+    var deliver: @Sendable (DBusMessage) -> Void
+    var finish: @Sendable () -> Void
+}
+
+final class ConnectionCore: @unchecked Sendable {
+    struct Shared {
+        var queue: [IOWork] = []
+        var connected = true
+        var stopping = false
+        var threadExited = false
+        var idleFlushRequested = false
+        var joinClaimed = false
+        var ioThread: pthread_t?
+        var clients: [ObjectIdentifier: any ConnectionClient] = [:]
+        var clientOrder: [ObjectIdentifier] = []
+        var subscriptions: [UInt64: SignalSubscription] = [:]
+        var disconnectWaiters: [UInt64: CheckedContinuation<Void, Never>] = [:]
+        var nextID: UInt64 = 1
+        var pendingCalls: [ObjectIdentifier: PendingCall] = [:]
+    }
+
+    struct Watch {
+        var pointer: OpaquePointer
+        var fd: Int32
+        var flags: UInt32
+        var enabled: Bool
+    }
+
+    struct Timeout {
+        var pointer: OpaquePointer
+        var interval: Int64
+        var enabled: Bool
+        var deadline: Int64
+    }
+
+    let connection: OpaquePointer
+    /// Read and write ends of the self-pipe that wakes the I/O thread.
+    let wakeFD: Int32
+    let wakeWriteFD: Int32
+    let shared = Mutex(Shared())
+
+    // I/O-thread-only state.
+    private var watches: [Watch] = []
+    private var timeouts: [Timeout] = []
+    private var thread: pthread_t = pthread_t()
+    private var deferredUnrefs: [OpaquePointer] = []
+
+    init(connection: OpaquePointer) throws(DBusError) {
+        self.connection = connection
+        var fds: [Int32] = [-1, -1]
+        guard pipe(&fds) == 0 else {
+            throw DBusError(name: DBusError.failed, message: "pipe failed: errno \(errno)")
+        }
+        for fd in fds {
+            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        }
+        wakeFD = fds[0]
+        wakeWriteFD = fds[1]
+    }
+
+    deinit {
+        Glibc.close(wakeFD)
+        Glibc.close(wakeWriteFD)
+    }
+
+    // MARK: thread lifecycle
+
+    func start() throws(DBusError) {
+        let context = Unmanaged.passRetained(self).toOpaque()
+        var tid = pthread_t()
+        let rc = pthread_create(
+            &tid, nil,
+            { raw in
+                let core = Unmanaged<ConnectionCore>.fromOpaque(raw!).takeRetainedValue()
+                core.run()
+                return nil
+            }, context)
+        guard rc == 0 else {
+            Unmanaged<ConnectionCore>.fromOpaque(context).release()
+            throw DBusError(name: DBusError.failed, message: "could not start the D-Bus I/O thread: error \(rc)")
+        }
+        thread = tid
+        shared.withLock { $0.ioThread = tid }
+    }
+
+    var isOnIOThread: Bool {
+        guard let tid = shared.withLock({ $0.ioThread }) else { return false }
+        return pthread_equal(tid, pthread_self()) != 0
+    }
+
+    /// Stops the thread, closes the connection and joins (unless called on the I/O thread itself).
+    func shutdown() {
+        let (mustJoin, tid): (Bool, pthread_t?) = shared.withLock { s in
+            if !s.stopping {
+                s.stopping = true
+                let wasEmpty = s.queue.isEmpty
+                s.queue.append(.stop)
+                if wasEmpty { wake() }
+            }
+            if s.joinClaimed { return (false, nil) }
+            s.joinClaimed = true
+            return (true, s.ioThread)
+        }
+        guard mustJoin, let tid else { return }
+        if pthread_equal(tid, pthread_self()) != 0 {
+            pthread_detach(tid)
+        } else {
+            pthread_join(tid, nil)
+        }
+    }
+
+    func wake() {
+        var one: UInt8 = 1
+        _ = Glibc.write(wakeWriteFD, &one, 1)
+    }
+
+    // MARK: queueing (any thread)
+
+    /// Queues work; messages first take out whatever clients hold back, so that it goes out before them.
+    func enqueue(_ work: IOWork) throws(DBusError) {
+        let ok = shared.withLock { s -> Bool in
+            if s.stopping { return false }
+            if case .perform = work {} else if !s.connected { return false }
+            let wasEmpty = s.queue.isEmpty
+            if case .perform = work {
+            } else {
+                for id in s.clientOrder {
+                    if let client = s.clients[id] {
+                        for message in client.takePendingMessages() { s.queue.append(.send(message)) }
+                    }
+                }
+            }
+            s.queue.append(work)
+            if wasEmpty { wake() }
+            return true
+        }
+        guard ok else { throw DBusError(name: DBusError.disconnected, message: "the D-Bus connection is closed") }
+    }
+
+    /// Queues work without flushing clients and without failing (cancellations).
+    func enqueueInternal(_ work: IOWork) {
+        shared.withLock { s in
+            if s.threadExited { return }
+            let wasEmpty = s.queue.isEmpty
+            s.queue.append(work)
+            if wasEmpty { wake() }
+        }
+    }
+
+    /// Asks the I/O thread to flush clients' held-back messages when it next idles.
+    func requestIdleFlush() {
+        shared.withLock { s in
+            if s.idleFlushRequested || s.stopping { return }
+            s.idleFlushRequested = true
+            if s.queue.isEmpty { wake() }
+        }
+    }
+
+    func addClient(_ client: any ConnectionClient) {
+        shared.withLock { s in
+            let id = ObjectIdentifier(client)
+            if s.clients[id] == nil { s.clientOrder.append(id) }
+            s.clients[id] = client
+        }
+    }
+
+    func removeClient(_ client: any ConnectionClient) {
+        shared.withLock { s in
+            let id = ObjectIdentifier(client)
+            s.clients[id] = nil
+            s.clientOrder.removeAll { $0 == id }
+        }
+    }
+
+    // MARK: calls
+
+    static func milliseconds(_ duration: Duration) -> Int32 {
+        let (seconds, attoseconds) = duration.components
+        let ms = Double(seconds) * 1000 + Double(attoseconds) / 1e15
+        if ms >= Double(Int32.max) { return Int32.max }
+        return Int32(max(1, ms.rounded(.up)))
+    }
+
+    /// Sends a method call and waits for the reply (or an error reply, timeout, cancellation or disconnect).
+    func call(_ message: CMessage, timeout: Duration, onIOThread: (@Sendable (PendingCall.Outcome) -> Void)? = nil)
+        async -> PendingCall.Outcome
+    {
+        let pending = PendingCall(onIOThread: onIOThread)
+        do {
+            try enqueue(.call(message, timeoutMilliseconds: ConnectionCore.milliseconds(timeout), pending))
+        } catch {
+            return .failure(error)
+        }
+        return await pending.wait(core: self)
+    }
+
+    /// Sends a method call to the bus driver and returns the reply body.
+    func callBus(_ method: String, _ arguments: [DBusValue], timeout: Duration = .seconds(25)) async throws(DBusError)
+        -> [DBusValue]
+    {
+        let message = DBusMessage.methodCall(
+            destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
+            method: method, body: arguments)
+        let reply = try await call(Marshal.build(message), timeout: timeout).get()
+        return try ConnectionCore.replyBody(reply)
+    }
+
+    /// The body of a reply, or the error it carries.
+    static func replyBody(_ reply: CMessage) throws(DBusError) -> [DBusValue] {
+        if reply.type == DBUS_MESSAGE_TYPE_ERROR {
+            throw errorFromReply(reply)
+        }
+        return try Marshal.decodeBody(reply.pointer)
+    }
+
+    static func errorFromReply(_ reply: CMessage) -> DBusError {
+        let name = dbus_message_get_error_name(reply.pointer).map { String(cString: $0) } ?? DBusError.failed
+        let body = (try? Marshal.decodeBody(reply.pointer)) ?? []
+        return DBusError(name: name, message: body.first?.string ?? "")
+    }
+
+    // MARK: subscriptions
+
+    func addSubscription(_ subscription: SignalSubscription) -> UInt64? {
+        shared.withLock { s -> UInt64? in
+            guard s.connected, !s.stopping else { return nil }
+            let id = s.nextID
+            s.nextID += 1
+            s.subscriptions[id] = subscription
+            return id
+        }
+    }
+
+    /// Removes a subscription and tells the bus (RemoveMatch, no reply wanted).
+    func removeSubscription(_ id: UInt64, removeMatch: Bool) {
+        let removed = shared.withLock { $0.subscriptions.removeValue(forKey: id) }
+        guard let removed, removeMatch else { return }
+        var message = DBusMessage.methodCall(
+            destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
+            method: "RemoveMatch", body: [.string(removed.rule.rule)])
+        message.noReplyExpected = true
+        if let built = try? Marshal.build(message) { try? enqueue(.send(built)) }
+    }
+
+    func waitUntilDisconnected() async {
+        let id: UInt64? = shared.withLock { s in
+            guard s.connected else { return nil }
+            let id = s.nextID
+            s.nextID += 1
+            return id
+        }
+        guard let id else { return }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let resumeNow = shared.withLock { s -> Bool in
+                    guard s.connected else { return true }
+                    s.disconnectWaiters[id] = continuation
+                    return false
+                }
+                if resumeNow { continuation.resume() }
+            }
+        } onCancel: {
+            let continuation = self.shared.withLock { $0.disconnectWaiters.removeValue(forKey: id) }
+            continuation?.resume()
+        }
+    }
+
+    // MARK: the I/O thread
+
+    private func run() {
+        let context = Unmanaged.passUnretained(self).toOpaque()
+        dbus_connection_set_watch_functions(
+            connection,
+            { watch, data in
+                guard let watch, let data else { return 0 }
+                Unmanaged<ConnectionCore>.fromOpaque(data).takeUnretainedValue().addWatch(watch)
+                return 1
+            },
+            { watch, data in
+                guard let watch, let data else { return }
+                Unmanaged<ConnectionCore>.fromOpaque(data).takeUnretainedValue().removeWatch(watch)
+            },
+            { watch, data in
+                guard let watch, let data else { return }
+                Unmanaged<ConnectionCore>.fromOpaque(data).takeUnretainedValue().toggleWatch(watch)
+            }, context, nil)
+        dbus_connection_set_timeout_functions(
+            connection,
+            { timeout, data in
+                guard let timeout, let data else { return 0 }
+                Unmanaged<ConnectionCore>.fromOpaque(data).takeUnretainedValue().addTimeout(timeout)
+                return 1
+            },
+            { timeout, data in
+                guard let timeout, let data else { return }
+                Unmanaged<ConnectionCore>.fromOpaque(data).takeUnretainedValue().removeTimeout(timeout)
+            },
+            { timeout, data in
+                guard let timeout, let data else { return }
+                Unmanaged<ConnectionCore>.fromOpaque(data).takeUnretainedValue().toggleTimeout(timeout)
+            }, context, nil)
+        dbus_connection_set_wakeup_main_function(
+            connection,
+            { data in
+                guard let data else { return }
+                Unmanaged<ConnectionCore>.fromOpaque(data).takeUnretainedValue().wake()
+            }, context, nil)
+        dbus_connection_set_dispatch_status_function(
+            connection,
+            { _, status, data in
+                guard let data, status == DBUS_DISPATCH_DATA_REMAINS else { return }
+                Unmanaged<ConnectionCore>.fromOpaque(data).takeUnretainedValue().wake()
+            }, context, nil)
+        _ = dbus_connection_add_filter(
+            connection,
+            { _, message, data in
+                guard let message, let data else { return DBUS_HANDLER_RESULT_NOT_YET_HANDLED }
+                return Unmanaged<ConnectionCore>.fromOpaque(data).takeUnretainedValue().filter(message)
+            }, context, nil)
+
+        var stop = false
+        while !stop {
+            stop = drainQueue()
+            if stop { break }
+            dispatchAll()
+            if flushClientsIfIdle() { continue }
+            if !shared.withLock({ $0.queue.isEmpty }) { continue }
+            pollOnce()
+        }
+        finishShutdown()
+    }
+
+    /// Runs queued work; returns true when asked to stop.
+    private func drainQueue() -> Bool {
+        var stopRequested = false
+        for _ in 0..<8 {
+            let batch = shared.withLock { s -> [IOWork] in
+                let batch = s.queue
+                s.queue.removeAll(keepingCapacity: true)
+                return batch
+            }
+            if batch.isEmpty { return stopRequested }
+            for work in batch {
+                switch work {
+                case .send(let message):
+                    if dbus_connection_send(connection, message.pointer, nil) == 0 {
+                        // Out of memory or the connection is gone; nothing can be reported to a send().
+                    }
+                case .call(let message, let timeout, let pending):
+                    startCall(message, timeout: timeout, pending)
+                case .cancel(let pending):
+                    if let handle = pending.handle {
+                        pending.handle = nil
+                        dbus_pending_call_cancel(handle)
+                        dbus_pending_call_unref(handle)
+                    }
+                    shared.withLock { _ = $0.pendingCalls.removeValue(forKey: ObjectIdentifier(pending)) }
+                case .perform(let body):
+                    body()
+                case .stop:
+                    stopRequested = true
+                }
+            }
+            releaseDeferred()
+        }
+        return stopRequested
+    }
+
+    private func releaseDeferred() {
+        guard !deferredUnrefs.isEmpty else { return }
+        let handles = deferredUnrefs
+        deferredUnrefs.removeAll()
+        for handle in handles { dbus_pending_call_unref(handle) }
+    }
+
+    private func startCall(_ message: CMessage, timeout: Int32, _ pending: PendingCall) {
+        if pending.isCompleted { return }
+        var handle: OpaquePointer? = nil
+        guard dbus_connection_send_with_reply(connection, message.pointer, &handle, timeout) != 0 else {
+            pending.complete(.failure(DBusError(name: DBusError.noMemory, message: "sending a method call failed")))
+            return
+        }
+        guard let handle else {
+            pending.complete(
+                .failure(DBusError(name: DBusError.disconnected, message: "the D-Bus connection is closed")))
+            return
+        }
+        pending.handle = handle
+        shared.withLock { $0.pendingCalls[ObjectIdentifier(pending)] = pending }
+        let context = Unmanaged.passRetained(CallContext(pending: pending, core: self)).toOpaque()
+        let ok = dbus_pending_call_set_notify(
+            handle,
+            { handle, data in
+                guard let handle, let data else { return }
+                let context = Unmanaged<CallContext>.fromOpaque(data).takeUnretainedValue()
+                let outcome: PendingCall.Outcome
+                if let reply = dbus_pending_call_steal_reply(handle) {
+                    outcome = .success(CMessage(adopting: reply))
+                } else {
+                    outcome = .failure(DBusError(name: DBusError.noReply, message: "no reply"))
+                }
+                context.core.callFinished(context.pending, outcome)
+            }, context,
+            { data in
+                guard let data else { return }
+                Unmanaged<CallContext>.fromOpaque(data).release()
+            })
+        if ok == 0 {
+            Unmanaged<CallContext>.fromOpaque(context).release()
+            dbus_pending_call_cancel(handle)
+            dbus_pending_call_unref(handle)
+            pending.handle = nil
+            pending.complete(.failure(DBusError(name: DBusError.noMemory, message: "dbus_pending_call_set_notify failed")))
+        }
+    }
+
+    /// A reply (or libdbus's timeout error) arrived; runs inside dispatch on the I/O thread.
+    fileprivate func callFinished(_ pending: PendingCall, _ outcome: PendingCall.Outcome) {
+        shared.withLock { _ = $0.pendingCalls.removeValue(forKey: ObjectIdentifier(pending)) }
+        if let handle = pending.handle {
+            // libdbus may still use the pending call while notifying; drop our reference afterwards.
+            pending.handle = nil
+            deferredUnrefs.append(handle)
+        }
+        pending.onIOThread?(outcome)
+        pending.complete(outcome)
+    }
+
+    private func dispatchAll() {
+        while dbus_connection_dispatch(connection) == DBUS_DISPATCH_DATA_REMAINS {}
+        releaseDeferred()
+    }
+
+    /// Sends held-back client messages when the thread is about to idle; true if anything was queued.
+    private func flushClientsIfIdle() -> Bool {
+        shared.withLock { s -> Bool in
+            s.idleFlushRequested = false
+            guard s.connected, !s.stopping else { return false }
+            var any = false
+            for id in s.clientOrder {
+                if let client = s.clients[id] {
+                    for message in client.takePendingMessages() {
+                        s.queue.append(.send(message))
+                        any = true
+                    }
+                }
+            }
+            return any
+        }
+    }
+
+    private static func now() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
+    }
+
+    private func pollOnce() {
+        var fds: [pollfd] = [pollfd(fd: wakeFD, events: Int16(POLLIN), revents: 0)]
+        var owners: [OpaquePointer?] = [nil]
+        for watch in watches where watch.enabled {
+            var events: Int16 = 0
+            if watch.flags & DBUS_WATCH_READABLE.rawValue != 0 { events |= Int16(POLLIN) }
+            if watch.flags & DBUS_WATCH_WRITABLE.rawValue != 0 { events |= Int16(POLLOUT) }
+            fds.append(pollfd(fd: watch.fd, events: events, revents: 0))
+            owners.append(watch.pointer)
+        }
+        var timeoutMs: Int32 = -1
+        let now = ConnectionCore.now()
+        for timeout in timeouts where timeout.enabled {
+            let remaining = max(0, timeout.deadline - now)
+            if timeoutMs < 0 || remaining < Int64(timeoutMs) { timeoutMs = Int32(min(remaining, Int64(Int32.max))) }
+        }
+        let rc = poll(&fds, nfds_t(fds.count), timeoutMs)
+        if rc < 0 && errno != EINTR { return }
+        if fds[0].revents != 0 {
+            var buffer = [UInt8](repeating: 0, count: 256)
+            while Glibc.read(wakeFD, &buffer, buffer.count) == buffer.count {}
+        }
+        for index in 1..<fds.count where fds[index].revents != 0 {
+            guard let pointer = owners[index], watches.contains(where: { $0.pointer == pointer && $0.enabled }) else {
+                continue
+            }
+            var flags: UInt32 = 0
+            let revents = Int32(fds[index].revents)
+            if revents & Int32(POLLIN) != 0 { flags |= DBUS_WATCH_READABLE.rawValue }
+            if revents & Int32(POLLOUT) != 0 { flags |= DBUS_WATCH_WRITABLE.rawValue }
+            if revents & Int32(POLLERR) != 0 { flags |= DBUS_WATCH_ERROR.rawValue }
+            if revents & Int32(POLLHUP) != 0 { flags |= DBUS_WATCH_HANGUP.rawValue }
+            _ = dbus_watch_handle(pointer, flags)
+        }
+        let after = ConnectionCore.now()
+        let due = timeouts.filter { $0.enabled && $0.deadline <= after }.map(\.pointer)
+        for pointer in due {
+            guard let index = timeouts.firstIndex(where: { $0.pointer == pointer }), timeouts[index].enabled else {
+                continue
+            }
+            timeouts[index].deadline = after + timeouts[index].interval
+            _ = dbus_timeout_handle(pointer)
+        }
+    }
+
+    private func finishShutdown() {
+        if dbus_connection_get_is_connected(connection) != 0 { dbus_connection_flush(connection) }
+        dbus_connection_close(connection)
+        dispatchAll()
+        markDisconnected()
+        let calls = shared.withLock { s in
+            let calls = Array(s.pendingCalls.values)
+            s.pendingCalls.removeAll()
+            return calls
+        }
+        for call in calls {
+            if let handle = call.handle {
+                call.handle = nil
+                dbus_pending_call_cancel(handle)
+                dbus_pending_call_unref(handle)
+            }
+        }
+        releaseDeferred()
+        let leftover = shared.withLock { s -> [IOWork] in
+            s.threadExited = true
+            let q = s.queue
+            s.queue = []
+            return q
+        }
+        for work in leftover {
+            if case .call(_, _, let pending) = work {
+                pending.complete(
+                    .failure(DBusError(name: DBusError.disconnected, message: "the D-Bus connection was closed")))
+            }
+        }
+        dbus_connection_unref(connection)
+    }
+
+    /// Marks the connection lost: wakes waiters, ends streams, fails calls that are still waiting.
+    private func markDisconnected() {
+        let (waiters, subscriptions, calls) = shared.withLock { s in
+            s.connected = false
+            let waiters = Array(s.disconnectWaiters.values)
+            s.disconnectWaiters.removeAll()
+            let subscriptions = Array(s.subscriptions.values)
+            s.subscriptions.removeAll()
+            // Calls stay in the table so their libdbus handles are released at shutdown.
+            return (waiters, subscriptions, Array(s.pendingCalls.values))
+        }
+        for call in calls {
+            call.complete(.failure(DBusError(name: DBusError.disconnected, message: "the D-Bus connection was lost")))
+        }
+        for subscription in subscriptions { subscription.finish() }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    // MARK: libdbus callbacks (I/O thread)
+
+    private func addWatch(_ watch: OpaquePointer) {
+        watches.append(
+            Watch(
+                pointer: watch, fd: dbus_watch_get_unix_fd(watch), flags: dbus_watch_get_flags(watch),
+                enabled: dbus_watch_get_enabled(watch) != 0))
+    }
+
+    private func removeWatch(_ watch: OpaquePointer) {
+        watches.removeAll { $0.pointer == watch }
+    }
+
+    private func toggleWatch(_ watch: OpaquePointer) {
+        if let index = watches.firstIndex(where: { $0.pointer == watch }) {
+            watches[index].enabled = dbus_watch_get_enabled(watch) != 0
+            watches[index].flags = dbus_watch_get_flags(watch)
+        }
+    }
+
+    private func addTimeout(_ timeout: OpaquePointer) {
+        let interval = Int64(dbus_timeout_get_interval(timeout))
+        timeouts.append(
+            Timeout(
+                pointer: timeout, interval: interval, enabled: dbus_timeout_get_enabled(timeout) != 0,
+                deadline: ConnectionCore.now() + interval))
+    }
+
+    private func removeTimeout(_ timeout: OpaquePointer) {
+        timeouts.removeAll { $0.pointer == timeout }
+    }
+
+    private func toggleTimeout(_ timeout: OpaquePointer) {
+        if let index = timeouts.firstIndex(where: { $0.pointer == timeout }) {
+            let interval = Int64(dbus_timeout_get_interval(timeout))
+            timeouts[index].interval = interval
+            timeouts[index].enabled = dbus_timeout_get_enabled(timeout) != 0
+            timeouts[index].deadline = ConnectionCore.now() + interval
+        }
+    }
+
+    private func filter(_ pointer: OpaquePointer) -> DBusHandlerResult {
+        let type = dbus_message_get_type(pointer)
+        if type == DBUS_MESSAGE_TYPE_SIGNAL {
+            if dbus_message_is_signal(pointer, "org.freedesktop.DBus.Local", "Disconnected") != 0 {
+                markDisconnected()
+                return DBUS_HANDLER_RESULT_HANDLED
+            }
+            let subscriptions = shared.withLock { Array($0.subscriptions.values) }
+            guard !subscriptions.isEmpty, let message = try? Marshal.decode(pointer) else {
+                return DBUS_HANDLER_RESULT_HANDLED
+            }
+            for subscription in subscriptions where subscription.rule.matches(message) {
+                subscription.deliver(message)
+            }
+            return DBUS_HANDLER_RESULT_HANDLED
+        }
+        if type == DBUS_MESSAGE_TYPE_METHOD_CALL {
+            let clients = shared.withLock { s in s.clientOrder.compactMap { s.clients[$0] } }
+            guard !clients.isEmpty else { return DBUS_HANDLER_RESULT_NOT_YET_HANDLED }
+            let message = CMessage(retaining: pointer)
+            guard let decoded = try? Marshal.decode(pointer) else { return DBUS_HANDLER_RESULT_NOT_YET_HANDLED }
+            for client in clients where client.handleMethodCall(message, decoded: decoded) {
+                return DBUS_HANDLER_RESULT_HANDLED
+            }
+            if clients[0].handleUnclaimedMethodCall(message, decoded: decoded) { return DBUS_HANDLER_RESULT_HANDLED }
+            return DBUS_HANDLER_RESULT_NOT_YET_HANDLED
+        }
+        return DBUS_HANDLER_RESULT_NOT_YET_HANDLED
+    }
+}
+
+/// The userdata of a libdbus pending-call notification.
+final class CallContext {
+    let pending: PendingCall
+    unowned let core: ConnectionCore
+    init(pending: PendingCall, core: ConnectionCore) {
+        self.pending = pending
+        self.core = core
+    }
+}
