@@ -37,7 +37,7 @@ let package = Package(
 
         // Executables: wiring only.
         .executableTarget(name: "blebridge", dependencies: ["BridgeTools"]),
-        .executableTarget(name: "bluez-sim", dependencies: ["BlueZSimulator"]),
+        .executableTarget(name: "bluez-sim", dependencies: ["BlueZSimulator", "DBus"]),
         .executableTarget(
             name: "bench-gatt", dependencies: ["GATT", "GATTCrypto"],
             // Exports the benchmark's counting malloc so that every library's calls reach it.

@@ -1,1 +1,0 @@
-// BlueZSimulator: see Package.swift for this target's place in the layering.
