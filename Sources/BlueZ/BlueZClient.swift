@@ -34,6 +34,8 @@ public final class BlueZClient: Sendable {
         var owner: String?
         /// True once we know whether bluetoothd is there (and loaded the mirror if it is).
         var settled = false
+        /// True once the current owner's tree is loaded.
+        var loaded = false
         var subscribers: [UInt64: @Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void] = [:]
         var nextID: UInt64 = 0
         var pump: Task<Void, Never>?
@@ -100,7 +102,7 @@ public final class BlueZClient: Sendable {
     }
 
     /// True while bluetoothd owns `org.bluez` and the mirror is loaded.
-    public var isBluetoothdRunning: Bool { core.withLock { $0.owner != nil && $0.settled } }
+    public var isBluetoothdRunning: Bool { core.withLock { $0.owner != nil && $0.loaded } }
 
     // MARK: the pump
 
@@ -114,33 +116,32 @@ public final class BlueZClient: Sendable {
             return
         }
         var follower: Task<Void, Never>?
-        do {
-            for try await owner in owners {
-                if Task.isCancelled { break }
-                follower?.cancel()
-                await follower?.value
-                follower = nil
-                let previousOwner = core.withLock { $0.owner }
-                if previousOwner != nil {
-                    daemonLost()
-                }
-                if let owner {
-                    logger.info("bluetoothd is on the bus as \(owner)")
-                    core.withLock { $0.owner = owner }
-                    follower = Task { [weak self] in await self?.follow(owner: owner, settled: settled) }
-                } else {
-                    logger.info("bluetoothd (org.bluez) is not on the bus")
-                    let handlers = core.withLock { core -> [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void] in
-                        core.settled = true
-                        return Array(core.subscribers.values)
-                    }
-                    settled.complete(true)
-                    let tree = self.tree
-                    for h in handlers { h(.reloaded, tree) }
-                }
+        for await owner in owners {
+            if Task.isCancelled { break }
+            follower?.cancel()
+            await follower?.value
+            follower = nil
+            let previousOwner = core.withLock { $0.owner }
+            if previousOwner != nil {
+                daemonLost()
             }
-        } catch {
-            logger.error("lost the watch on org.bluez: \(error)")
+            if let owner {
+                logger.info("bluetoothd is on the bus as \(owner)")
+                core.withLock {
+                    $0.owner = owner
+                    $0.loaded = false
+                }
+                follower = Task { [weak self] in await self?.follow(owner: owner, settled: settled) }
+            } else {
+                logger.info("bluetoothd (org.bluez) is not on the bus")
+                let handlers = core.withLock { core -> [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void] in
+                    core.settled = true
+                    return Array(core.subscribers.values)
+                }
+                settled.complete(true)
+                let tree = self.tree
+                for h in handlers { h(.reloaded, tree) }
+            }
         }
         follower?.cancel()
         await follower?.value
@@ -152,6 +153,7 @@ public final class BlueZClient: Sendable {
             let previous = core.tree
             core.tree.clear()
             core.owner = nil
+            core.loaded = false
             return (previous, Array(core.subscribers.values))
         }
         let empty = BlueZObjectTree()
@@ -176,6 +178,7 @@ public final class BlueZClient: Sendable {
                 let handlers = core.withLock { core -> [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void] in
                     core.tree.load(managedObjects: reply.first ?? .array("a{oa{sa{sv}}}", []))
                     core.settled = true
+                    core.loaded = true
                     return Array(core.subscribers.values)
                 }
                 loaded = true
@@ -191,13 +194,9 @@ public final class BlueZClient: Sendable {
             }
         }
         guard loaded else { return }
-        do {
-            for try await message in stream {
-                if Task.isCancelled { break }
-                dispatch(message)
-            }
-        } catch {
-            logger.debug("bluetoothd signal stream ended: \(error)")
+        for await message in stream {
+            if Task.isCancelled { break }
+            dispatch(message)
         }
     }
 
