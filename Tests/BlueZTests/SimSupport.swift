@@ -71,7 +71,7 @@ final class SimClient: @unchecked Sendable {
     let control: DBusConnection
 
     init(_ scenario: String = testScenario) async throws {
-        sim = try SimulatorFixture(scenario: scenario)
+        sim = try await offPool { try SimulatorFixture(scenario: scenario) }
         client = try BlueZClient(bus: .address(sim.address), logger: BlueZLogger(handler: TestLogHandler(), level: .debug))
         try await client.start(timeout: .seconds(10))
         control = try DBusConnection(.address(sim.address))
@@ -80,7 +80,7 @@ final class SimClient: @unchecked Sendable {
     deinit {
         client.close()
         control.close()
-        sim.stop()
+        stopInBackground(sim)
     }
 
     /// Calls `io.blebridge.Simulator1.method` on the simulator.
@@ -126,7 +126,7 @@ final class SimClient: @unchecked Sendable {
 struct TestLogHandler: BlueZLogHandler {
     func log(level: BlueZLogLevel, message: String, metadata: [String: String]) {
         if ProcessInfo.processInfo.environment["BLUEZ_TEST_LOG"] != nil {
-            FileHandle.standardError.write(Data("[\(level)] \(message)\n".utf8))
+            FileHandle.standardError.write(Data("\(String(format: "%.3f", Date().timeIntervalSince1970.truncatingRemainder(dividingBy: 100))) [\(level)] \(message)\n".utf8))
         }
     }
 }

@@ -11,14 +11,21 @@ private let echo = "F1:E2:D3:C4:B5:A6"
 private let nusRX = "6e400002-b5a3-f393-e0a9-e50e24dcca9e"
 
 /// Runs `blebridge ARGS` against `sim`'s bus.
-private func blebridge(_ sim: SimulatorFixture, _ arguments: [String], timeout: TimeInterval = 30) throws -> (
+private func blebridge(_ sim: SimulatorFixture, _ arguments: [String], timeout: TimeInterval = 30) async throws -> (
     status: Int32, stdout: String, stderr: String
 ) {
-    try runCommand(Fixtures.executable("blebridge"), arguments, environment: sim.environment, timeout: timeout)
+    let environment = sim.environment
+    return try await offPool {
+        try runCommand(Fixtures.executable("blebridge"), arguments, environment: environment, timeout: timeout)
+    }
 }
 
-private func demo() throws -> SimulatorFixture {
-    try SimulatorFixture(scenarioFile: Fixtures.config("demo-scenario.yaml"))
+/// A simulator running the demo scenario (or `scenario`), started off the cooperative pool.
+private func demo(_ scenario: String? = nil) async throws -> SimulatorFixture {
+    try await offPool {
+        if let scenario { return try SimulatorFixture(scenario: scenario) }
+        return try SimulatorFixture(scenarioFile: Fixtures.config("demo-scenario.yaml"))
+    }
 }
 
 private func json(_ text: String) throws -> Any {
@@ -26,9 +33,10 @@ private func json(_ text: String) throws -> Any {
 }
 
 @Suite struct BLEScanCommandTests {
-    @Test func scanTextListsEveryDemoDevice() throws {
-        let sim = try demo()
-        let r = try blebridge(sim, ["scan", "--duration", "1.5"])
+    @Test func scanTextListsEveryDemoDevice() async throws {
+        let sim = try await demo()
+        defer { stopInBackground(sim) }
+        let r = try await blebridge(sim, ["scan", "--duration", "1.5"])
         #expect(r.status == 0, "stderr: \(r.stderr)")
         for address in [polar, "00:09:1F:84:6C:21", enviro, bthome, ruuvi, echo] {
             #expect(r.stdout.contains(address), "missing \(address) in\n\(r.stdout)")
@@ -43,9 +51,10 @@ private func json(_ text: String) throws -> Any {
         #expect(r.stdout.contains("  manufacturer 0x0499: 05"))
     }
 
-    @Test func scanJSONAndServiceFilter() throws {
-        let sim = try demo()
-        let r = try blebridge(sim, ["scan", "--duration", "1.2", "--json"])
+    @Test func scanJSONAndServiceFilter() async throws {
+        let sim = try await demo()
+        defer { stopInBackground(sim) }
+        let r = try await blebridge(sim, ["scan", "--duration", "1.2", "--json"])
         #expect(r.status == 0, "stderr: \(r.stderr)")
         let devices = try #require(try json(r.stdout) as? [[String: Any]])
         #expect(devices.count == 6)
@@ -66,7 +75,7 @@ private func json(_ text: String) throws -> Any {
         #expect(sd["FCD2"]?.hasPrefix("4000") == true)
         #expect(bt["decoded"] is [Any])
 
-        let filtered = try blebridge(sim, ["scan", "--duration", "1", "--json", "--service", "181a"])
+        let filtered = try await blebridge(sim, ["scan", "--duration", "1", "--json", "--service", "181a"])
         #expect(filtered.status == 0, "stderr: \(filtered.stderr)")
         let only = try #require(try json(filtered.stdout) as? [[String: Any]])
         #expect(only.map { $0["address"] as? String } == [enviro])
@@ -74,25 +83,32 @@ private func json(_ text: String) throws -> Any {
 }
 
 @Suite struct BLEConnectCommandTests {
-    @Test func exploreTextShowsTreeAndDecodedValues() throws {
-        let sim = try demo()
-        let r = try blebridge(sim, ["explore", polar])
+    @Test func exploreTextShowsTreeAndDecodedValues() async throws {
+        let sim = try await demo()
+        defer { stopInBackground(sim) }
+        let r = try await blebridge(sim, ["explore", polar])
         #expect(r.status == 0, "stderr: \(r.stderr)")
         let out = r.stdout
         #expect(out.hasPrefix("device Polar H10 4F2C11 (\(polar)), MTU 247"))
         #expect(out.contains("service 180D (primary)"))
         #expect(out.contains("  characteristic 2A37 heart_rate_measurement [notify]\n    descriptor 2902: 0000"))
-        #expect(out.contains("  characteristic 2A38 body_sensor_location [read]\n    value: 01 -> {\"body_sensor_location\":"))
+        #expect(out.contains("  characteristic 2A38 body_sensor_location [read]\n    value: 01 -> {\"body_sensor_location\":1,"))
         #expect(out.contains("  characteristic 2A19 battery_level [read, notify]"))
         #expect(out.contains("value: 5a -> {\"battery_pct\":90}"))
         #expect(out.contains("descriptor 2904: 0400ad27010000"))
-        // No parser for the device name: raw hex.
-        #expect(out.contains("  characteristic 2A00 [read]\n    value: \(Data("Polar H10 4F2C11".utf8).map { String(format: "%02x", $0) }.joined())"))
+        let nameHex = Data("Polar H10 4F2C11".utf8).map { String(format: "%02x", $0) }.joined()
+        #expect(out.contains("  characteristic 2A00 device_name [read]\n    value: \(nameHex) -> {\"device_name\":\"Polar H10 4F2C11\"}"))
+        // A vendor characteristic without a parser: properties only, nothing decoded.
+        let nus = try await blebridge(sim, ["explore", echo])
+        #expect(nus.status == 0, "stderr: \(nus.stderr)")
+        #expect(nus.stdout.contains("  characteristic \(nusRX) [write-without-response, write]\n"))
+        #expect(nus.stdout.contains("  characteristic 6e400003-b5a3-f393-e0a9-e50e24dcca9e [notify]\n    descriptor 2902: 0000"))
     }
 
-    @Test func exploreJSON() throws {
-        let sim = try demo()
-        let r = try blebridge(sim, ["explore", enviro, "--json"])
+    @Test func exploreJSON() async throws {
+        let sim = try await demo()
+        defer { stopInBackground(sim) }
+        let r = try await blebridge(sim, ["explore", enviro, "--json"])
         #expect(r.status == 0, "stderr: \(r.stderr)")
         let root = try #require(try json(r.stdout) as? [String: Any])
         #expect(root["address"] as? String == enviro)
@@ -110,34 +126,37 @@ private func json(_ text: String) throws -> Any {
         #expect(decoded["temperature_c"] as? Double == 21.5)
     }
 
-    @Test func readByUUIDAndByName() throws {
-        let sim = try demo()
-        let byName = try blebridge(sim, ["read", polar, "battery_level"])
+    @Test func readByUUIDAndByName() async throws {
+        let sim = try await demo()
+        defer { stopInBackground(sim) }
+        let byName = try await blebridge(sim, ["read", polar, "battery_level"])
         #expect(byName.status == 0, "stderr: \(byName.stderr)")
         #expect(byName.stdout == "{\"battery_pct\":90}\n")
-        let raw = try blebridge(sim, ["read", polar, "0x2a00", "--hex"])
+        let raw = try await blebridge(sim, ["read", polar, "0x2a00", "--hex"])
         #expect(raw.stdout == Data("Polar H10 4F2C11".utf8).map { String(format: "%02x", $0) }.joined() + "\n")
-        let unknownName = try blebridge(sim, ["read", polar, "not_a_characteristic"])
+        let unknownName = try await blebridge(sim, ["read", polar, "not_a_characteristic"])
         #expect(unknownName.status == 64)
         #expect(unknownName.stderr.contains("'not_a_characteristic' is neither a UUID nor a characteristic name"))
     }
 
-    @Test func writeWithAndWithoutResponse() throws {
-        let sim = try demo()
-        let request = try blebridge(sim, ["write", echo, nusRX, "68656c6c6f"])
+    @Test func writeWithAndWithoutResponse() async throws {
+        let sim = try await demo()
+        defer { stopInBackground(sim) }
+        let request = try await blebridge(sim, ["write", echo, nusRX, "68656c6c6f"])
         #expect(request.status == 0, "stderr: \(request.stderr)")
         #expect(request.stdout == "wrote 5 byte(s) to \(nusRX) (request)\n")
-        let command = try blebridge(sim, ["write", echo, nusRX, "21", "--without-response"])
+        let command = try await blebridge(sim, ["write", echo, nusRX, "21", "--without-response"])
         #expect(command.status == 0, "stderr: \(command.stderr)")
         #expect(command.stdout == "wrote 1 byte(s) to \(nusRX) (command)\n")
-        let writes = try sim.control("GetWrites", ["string:\(echo)"])
+        let writes = try await offPool { try sim.control("GetWrites", ["string:\(echo)"]) }
         #expect(writes.contains("\"request\""))
         #expect(writes.contains("\"command\""))
     }
 
-    @Test func notifyPrintsDecodedValues() throws {
-        let sim = try demo()
-        let r = try blebridge(sim, ["notify", polar, "2A37", "--count", "2"])
+    @Test func notifyPrintsDecodedValues() async throws {
+        let sim = try await demo()
+        defer { stopInBackground(sim) }
+        let r = try await blebridge(sim, ["notify", polar, "2A37", "--count", "2"])
         #expect(r.status == 0, "stderr: \(r.stderr)")
         let lines = r.stdout.split(separator: "\n")
         #expect(lines.count == 2)
@@ -149,40 +168,46 @@ private func json(_ text: String) throws -> Any {
 }
 
 @Suite struct BLEErrorTests {
-    @Test func missingAdapterUnknownDeviceAndNotPermitted() throws {
-        let sim = try demo()
-        let adapter = try blebridge(sim, ["read", polar, "2A19", "--adapter", "hci9"])
+    @Test func missingAdapterUnknownDeviceAndNotPermitted() async throws {
+        let sim = try await demo()
+        defer { stopInBackground(sim) }
+        let adapter = try await blebridge(sim, ["read", polar, "2A19", "--adapter", "hci9"])
         #expect(adapter.status == 69)
         #expect(adapter.stderr == "blebridge read: adapter hci9: no such adapter (present: hci0)\n")
-        let device = try blebridge(sim, ["explore", "11:22:33:44:55:66", "--scan-timeout", "0.5"])
+        let device = try await blebridge(sim, ["explore", "11:22:33:44:55:66", "--scan-timeout", "0.5"])
         #expect(device.status == 69)
         #expect(device.stderr.contains("device 11:22:33:44:55:66: not found on hci0"))
-        let denied = try blebridge(sim, ["write", polar, "2A38", "02"])
+        let denied = try await blebridge(sim, ["write", polar, "2A38", "02"])
         #expect(denied.status == 77)
         #expect(
             denied.stderr
                 == "blebridge write: device Polar H10 4F2C11 (\(polar)): write 2A38 failed: not permitted: org.bluez.Error.NotPermitted Write not permitted\n"
         )
-        let badAddress = try blebridge(sim, ["read", "nonsense", "2A19"])
+        let badAddress = try await blebridge(sim, ["read", "nonsense", "2A19"])
         #expect(badAddress.status == 64)
     }
 
-    @Test func adapterPoweredOff() throws {
+    @Test func adapterPoweredOff() async throws {
         let scenario = """
             adapters:
               - id: hci0
                 powered: false
             peripherals: []
             """
-        let sim = try SimulatorFixture(scenario: scenario)
-        let r = try blebridge(sim, ["scan", "--duration", "0.2"])
+        let sim = try await demo(scenario)
+        defer { stopInBackground(sim) }
+        let r = try await blebridge(sim, ["scan", "--duration", "0.2"])
         #expect(r.status == 69)
         #expect(r.stderr.contains("adapter hci0: powered off"))
     }
 
-    @Test func bluetoothdNotRunning() throws {
-        let bus = try PrivateBus()
-        let r = try runCommand(Fixtures.executable("blebridge"), ["scan", "--duration", "0.2"], environment: bus.environment)
+    @Test func bluetoothdNotRunning() async throws {
+        let bus = try await offPool { try PrivateBus() }
+        let environment = bus.environment
+        let r = try await offPool {
+            try runCommand(Fixtures.executable("blebridge"), ["scan", "--duration", "0.2"], environment: environment)
+        }
+        Thread { bus.daemon.stop() }.start()
         #expect(r.status == 69)
         #expect(r.stderr.contains("bluetoothd (org.bluez) is not running"))
     }
