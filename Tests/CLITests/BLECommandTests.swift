@@ -49,6 +49,9 @@ private func json(_ text: String) throws -> Any {
         #expect(r.stdout.contains("  services: 180D, 180F"))
         #expect(r.stdout.contains("  service data FCD2: 4000"))
         #expect(r.stdout.contains("  manufacturer 0x0499: 05"))
+        // Advertisements decoded where a parser exists.
+        #expect(r.stdout.contains("  bthome_v2 (service data FCD2): {\"packet_id\":"))
+        #expect(r.stdout.contains("  ruuvi_rawv2 (manufacturer 0x0499): {\"temperature_c\":24.3"))
     }
 
     @Test func scanJSONAndServiceFilter() async throws {
@@ -73,7 +76,16 @@ private func json(_ text: String) throws -> Any {
         let bt = try #require(devices.first { $0["address"] as? String == bthome })
         let sd = try #require(bt["service_data"] as? [String: String])
         #expect(sd["FCD2"]?.hasPrefix("4000") == true)
-        #expect(bt["decoded"] is [Any])
+        let decoded = try #require(bt["decoded"] as? [[String: Any]])
+        #expect(decoded.first?["parser"] as? String == "bthome_v2")
+        #expect(decoded.first?["source"] as? String == "service data FCD2")
+        let reading = try #require(decoded.first?["reading"] as? [String: Any])
+        #expect(reading["battery_pct"] as? Int == 93)
+        let temperature = try #require(reading["temperature_c"] as? Double)
+        #expect((25.0...25.2).contains(temperature))
+        let ruuviDecoded = try #require(ru["decoded"] as? [[String: Any]])
+        #expect(ruuviDecoded.first?["parser"] as? String == "ruuvi_rawv2")
+        #expect((p["decoded"] as? [Any])?.isEmpty == true)
 
         let filtered = try await blebridge(sim, ["scan", "--duration", "1", "--json", "--service", "181a"])
         #expect(filtered.status == 0, "stderr: \(filtered.stderr)")
