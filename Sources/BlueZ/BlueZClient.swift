@@ -325,11 +325,7 @@ public final class BlueZClient: Sendable {
         let known = Mutex<[String: BlueZAdapter]>(Dictionary(uniqueKeysWithValues: adapters.map { ($0.path, $0) }))
         let id = subscribe { event, tree in
             var out: [BlueZClientEvent] = []
-            switch event {
-            case .daemonLost: out.append(.bluetoothdStopped)
-            case .reloaded where !tree.adapters.isEmpty: out.append(.bluetoothdStarted)
-            default: break
-            }
+            if case .daemonLost = event { out.append(.bluetoothdStopped) }
             let now = Dictionary(uniqueKeysWithValues: tree.adapters.map { ($0.path, $0) })
             known.withLock { known in
                 for (path, adapter) in known where now[path] == nil { out.append(.adapterRemoved(adapter)) }
@@ -342,6 +338,8 @@ public final class BlueZClient: Sendable {
                 }
                 known = now
             }
+            // Started comes last, once the adapters it brought are reported.
+            if case .reloaded = event, !tree.adapters.isEmpty { out.append(.bluetoothdStarted) }
             for e in out { continuation.yield(e) }
         }
         continuation.onTermination = { [weak self] _ in self?.unsubscribe(id) }

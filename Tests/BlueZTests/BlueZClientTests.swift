@@ -35,13 +35,29 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         #expect(missing?.description == "adapter hci7: no such adapter (present: hci0)")
 
         var states = t.client.adapterStates(.name("hci0")).makeAsyncIterator()
+        var events = t.client.events().makeAsyncIterator()
         #expect(await states.next() == .on(adapter))
         try await t.client.setPowered(false, adapter: adapter)
         let off = await states.next()
         #expect(off?.adapter?.powered == false)
+        guard case .adapterChanged(let changed)? = await events.next() else {
+            Issue.record("expected adapterChanged")
+            return
+        }
+        #expect(changed.powered == false)
         let offError = await bluezError { _ = try await t.client.waitForAdapter(.name("hci0"), timeout: .milliseconds(50)) }
-        #expect(offError?.description.contains("powered off") == true)
+        #expect(offError?.description == "adapter hci0: powered off (try 'bluetoothctl power on')")
+        let scanOff = await bluezError { _ = try await t.client.startDiscovery(on: adapter) }
+        guard case .adapterUnavailable(_, let reason)? = scanOff else {
+            Issue.record("expected adapterUnavailable, got \(String(describing: scanOff))")
+            return
+        }
+        #expect(reason.hasPrefix("powered off"))
+        // A caller waiting for the adapter is released when it powers on.
+        let waiter = Task { try await t.client.waitForAdapter(.name("hci0"), timeout: .seconds(5)) }
+        try await Task.sleep(for: .milliseconds(50))
         try await t.client.setPowered(true, adapter: adapter)
+        #expect(try await waiter.value.powered)
         #expect(await states.next()?.adapter?.powered == true)
     }
 }
@@ -112,7 +128,7 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         // restarts discovery, which BlueZ answers with fresh RSSI values.
         try await eventually(5, "a watchdog restart") { discovery.restartCount >= 1 }
         try await eventually(3, "discovering again") { t.client.adapterState(.name("hci0")).adapter?.discovering == true }
-        #expect(try await t.counter("discovery_sessions") == 1)
+        try await eventually(3, "one discovery session") { try await t.counter("discovery_sessions") == 1 }
         await discovery.stop()
         try await eventually(3, "session gone") { try await t.counter("discovery_sessions") == 0 }
     }
@@ -386,7 +402,9 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
             return seen
         }
         #expect(sequence.contains(.bluetoothdStopped))
+        #expect(sequence.contains { if case .adapterRemoved(let a) = $0 { return a.name == "hci0" } else { return false } })
         #expect(sequence.last == .bluetoothdStarted)
+        #expect(sequence.contains { if case .adapterAdded(let a) = $0 { return a.name == "hci0" } else { return false } })
         try await eventually(5, "the mirror to be rebuilt") { t.client.isBluetoothdRunning && !t.client.adapters.isEmpty }
         // The discovery was restarted on the new bluetoothd and sees the strap again.
         _ = try await firstEvent(discovery, timeout: 5) { event -> Bool? in
