@@ -182,7 +182,8 @@ public final class BlueZClient: Sendable {
                     return Array(core.subscribers.values)
                 }
                 loaded = true
-                logger.debug("loaded BlueZ's object tree: \(tree.adapters.count) adapter(s), \(tree.devices.count) device(s)")
+                logger.debug(
+                    "loaded BlueZ's object tree: \(tree.adapters.count) adapter(s), \(tree.devices.count) device(s)")
                 settled.complete(true)
                 let tree = self.tree
                 for h in handlers { h(.reloaded, tree) }
@@ -201,7 +202,8 @@ public final class BlueZClient: Sendable {
     }
 
     private func dispatch(_ message: DBusMessage) {
-        let result = core.withLock { core -> (BlueZTreeEvent, BlueZObjectTree, [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void])? in
+        let result = core.withLock {
+            core -> (BlueZTreeEvent, BlueZObjectTree, [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void])? in
             guard let event = core.tree.apply(message) else { return nil }
             return (event, core.tree, Array(core.subscribers.values))
         }
@@ -351,10 +353,13 @@ public final class BlueZClient: Sendable {
     public func waitForAdapter(_ selector: BlueZAdapterSelector = .any, timeout: Duration = .zero)
         async throws(BlueZError) -> BlueZAdapter
     {
-        if let adapter = await wait(timeout: timeout, { _, tree -> BlueZAdapter? in
-            if case .on(let a) = tree.adapterState(selector) { return a }
-            return nil
-        }) {
+        if let adapter = await wait(
+            timeout: timeout,
+            { _, tree -> BlueZAdapter? in
+                if case .on(let a) = tree.adapterState(selector) { return a }
+                return nil
+            })
+        {
             return adapter
         }
         throw unavailable(selector)
@@ -387,7 +392,8 @@ public final class BlueZClient: Sendable {
                 interface: BlueZName.properties, method: "Set",
                 arguments: [.string(BlueZName.adapter), .string("Powered"), .variant(.boolean(powered))])
         } catch {
-            throw .failed(device: nil, operation: "power \(powered ? "on" : "off") \(adapter.name)", failure: .init(error))
+            throw .failed(
+                device: nil, operation: "power \(powered ? "on" : "off") \(adapter.name)", failure: .init(error))
         }
     }
 

@@ -2,7 +2,16 @@
 
 /// How much a log line matters.
 public enum BlueZLogLevel: Int, Sendable, Comparable, CustomStringConvertible {
-    case trace, debug, info, warning, error
+    /// Bytes and every signal.
+    case trace
+    /// Decisions (retries, fallbacks).
+    case debug
+    /// What an operator wants in the journal.
+    case info
+    /// Something went wrong and was handled.
+    case warning
+    /// Something went wrong and was not.
+    case error
 
     public static func < (lhs: BlueZLogLevel, rhs: BlueZLogLevel) -> Bool { lhs.rawValue < rhs.rawValue }
 
@@ -52,21 +61,27 @@ public struct BlueZLogger: Sendable {
     /// Logs `message` at `level`; the message is only built when the level is enabled.
     public func log(_ level: BlueZLogLevel, _ message: @autoclosure () -> String, _ extra: [String: String] = [:]) {
         guard let handler, level >= self.level else { return }
-        handler.log(level: level, message: message(), metadata: extra.isEmpty ? metadata : metadata.merging(extra) { $1 })
+        handler.log(
+            level: level, message: message(), metadata: extra.isEmpty ? metadata : metadata.merging(extra) { $1 })
     }
 
+    /// Logs `message` at trace level.
     public func trace(_ message: @autoclosure () -> String, _ extra: [String: String] = [:]) {
         log(.trace, message(), extra)
     }
+    /// Logs `message` at debug level.
     public func debug(_ message: @autoclosure () -> String, _ extra: [String: String] = [:]) {
         log(.debug, message(), extra)
     }
+    /// Logs `message` at info level.
     public func info(_ message: @autoclosure () -> String, _ extra: [String: String] = [:]) {
         log(.info, message(), extra)
     }
+    /// Logs `message` at warning level.
     public func warning(_ message: @autoclosure () -> String, _ extra: [String: String] = [:]) {
         log(.warning, message(), extra)
     }
+    /// Logs `message` at error level.
     public func error(_ message: @autoclosure () -> String, _ extra: [String: String] = [:]) {
         log(.error, message(), extra)
     }

@@ -6,7 +6,12 @@ import Synchronization
 
 /// The transport a discovery looks for.
 public enum BlueZTransport: String, Sendable, Hashable {
-    case auto, bredr, le
+    /// Both transports.
+    case auto
+    /// BR/EDR (classic) only.
+    case bredr
+    /// Low Energy only.
+    case le
 }
 
 /// One `or_patterns` entry of an advertisement monitor: AD `type` whose data holds `content` at `start`.
@@ -122,7 +127,10 @@ public enum BlueZDiscoveryEvent: Sendable, Hashable {
 
 /// How a discovery scans.
 public enum BlueZScanMode: String, Sendable, Hashable {
-    case active, passive
+    /// SetDiscoveryFilter + StartDiscovery (scan requests sent).
+    case active
+    /// An AdvertisementMonitor1 with or_patterns (no scan requests).
+    case passive
 }
 
 /// The events of one discovery session, in order. Ends when the session stops.
@@ -130,6 +138,7 @@ public struct BlueZDiscoveryEvents: AsyncSequence, Sendable {
     public typealias Element = BlueZDiscoveryEvent
     let base: AsyncStream<BlueZDiscoveryEvent>
 
+    /// Iterates the events in order.
     public struct AsyncIterator: AsyncIteratorProtocol {
         var base: AsyncStream<BlueZDiscoveryEvent>.AsyncIterator
         public mutating func next() async -> BlueZDiscoveryEvent? { await base.next() }

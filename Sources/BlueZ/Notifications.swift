@@ -16,6 +16,7 @@ public struct BlueZNotifications: AsyncSequence, Sendable {
     public typealias Element = [UInt8]
     let base: AsyncThrowingStream<[UInt8], any Error>
 
+    /// Iterates the events in order.
     public struct AsyncIterator: AsyncIteratorProtocol {
         var base: AsyncThrowingStream<[UInt8], any Error>.AsyncIterator
         public mutating func next() async throws -> [UInt8]? { try await base.next() }

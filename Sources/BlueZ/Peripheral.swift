@@ -254,7 +254,8 @@ public final class BlueZPeripheral: Sendable {
                     switch error.name {
                     case DBusError.unknownObject, DBusError.unknownMethod, "org.bluez.Error.DoesNotExist":
                         throw .deviceNotFound(device: label, failure: .init(error))
-                    case "org.bluez.Error.Failed" where error.message == "le-connection-abort-by-local"
+                    case "org.bluez.Error.Failed"
+                    where error.message == "le-connection-abort-by-local"
                         && retries < options.abortRetries:
                         retries += 1
                         log.info(
@@ -322,7 +323,8 @@ public final class BlueZPeripheral: Sendable {
                     failure: nil)
             case nil:
                 await cancelConnect(log)
-                throw .timeout(device: label, operation: "connect (waiting for services)", seconds: deadline.total.seconds)
+                throw .timeout(
+                    device: label, operation: "connect (waiting for services)", seconds: deadline.total.seconds)
             }
         }
     }
@@ -413,9 +415,9 @@ public final class BlueZPeripheral: Sendable {
     /// The first characteristic with `uuid` (any form).
     /// - Throws: `BlueZError.attributeNotFound`, or `.invalidArgument` for a malformed UUID.
     public func characteristic(_ uuid: String) throws(BlueZError) -> BlueZCharacteristic {
-        guard bluezUUIDString(uuid) != nil else { throw .invalidArgument("'\(uuid)' is not a UUID") }
-        guard let c = characteristics(uuid: uuid).first else {
-            throw .attributeNotFound(device: label, attribute: "characteristic \(shortUUID(bluezUUIDString(uuid)!))")
+        guard let full = bluezUUIDString(uuid) else { throw .invalidArgument("'\(uuid)' is not a UUID") }
+        guard let c = characteristics(uuid: full).first else {
+            throw .attributeNotFound(device: label, attribute: "characteristic \(shortUUID(full))")
         }
         return c
     }
@@ -523,7 +525,8 @@ public final class BlueZPeripheral: Sendable {
         guard current.canNotify else {
             throw .notSupported(
                 device: label, operation: op,
-                failure: BlueZDBusFailure(name: "blebridge", message: "the characteristic has no notify or indicate flag"))
+                failure: BlueZDBusFailure(
+                    name: "blebridge", message: "the characteristic has no notify or indicate flag"))
         }
         if let existing = state.withLock({ $0.sessions[characteristic.path] }) { await existing.stop() }
         let session = NotifySession(peripheral: self, characteristic: current)
@@ -547,7 +550,8 @@ public final class BlueZPeripheral: Sendable {
             } catch {
                 // InProgress: a StartNotify session exists (ours or another client's); NotPermitted: already
                 // acquired elsewhere. StartNotify still works in both cases.
-                client.logger.debug("device \(label): AcquireNotify failed (\(BlueZDBusFailure(error))); using StartNotify")
+                client.logger.debug(
+                    "device \(label): AcquireNotify failed (\(BlueZDBusFailure(error))); using StartNotify")
             }
         }
         register(session)

@@ -142,7 +142,8 @@ struct BLESession {
     static func open(_ args: BLEArguments) async throws(BLEFailure) -> BLESession {
         let logger =
             args.flags.contains("--verbose")
-            ? BlueZLogger(handler: StderrLogHandler(), level: .debug) : BlueZLogger(handler: StderrLogHandler(), level: .warning)
+            ? BlueZLogger(handler: StderrLogHandler(), level: .debug)
+            : BlueZLogger(handler: StderrLogHandler(), level: .warning)
         do {
             let client = try BlueZClient(bus: .system, logger: logger)
             try await client.start()

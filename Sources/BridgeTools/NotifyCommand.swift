@@ -48,7 +48,9 @@ public enum NotifyCommand: CLICommand {
                             if let reading {
                                 writeOut(readingJSON(reading))
                             } else {
-                                writeOut(BLEJSON.object([("raw", .string(hexBytes(value))), ("error", .string(error ?? ""))]).text)
+                                writeOut(
+                                    BLEJSON.object([("raw", .string(hexBytes(value))), ("error", .string(error ?? ""))])
+                                        .text)
                             }
                         }
                         received += 1

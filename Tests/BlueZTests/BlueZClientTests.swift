@@ -31,7 +31,9 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         #expect(adapter.address == "00:1A:7D:DA:71:10")
         #expect(adapter.supportsAdvertisementMonitor)
         #expect(t.client.adapterState(.name("hci7")) == .absent)
-        let missing = await bluezError { _ = try await t.client.waitForAdapter(.name("hci7"), timeout: .milliseconds(50)) }
+        let missing = await bluezError {
+            _ = try await t.client.waitForAdapter(.name("hci7"), timeout: .milliseconds(50))
+        }
         #expect(missing?.description == "adapter hci7: no such adapter (present: hci0)")
 
         var states = t.client.adapterStates(.name("hci0")).makeAsyncIterator()
@@ -45,7 +47,9 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
             return
         }
         #expect(changed.powered == false)
-        let offError = await bluezError { _ = try await t.client.waitForAdapter(.name("hci0"), timeout: .milliseconds(50)) }
+        let offError = await bluezError {
+            _ = try await t.client.waitForAdapter(.name("hci0"), timeout: .milliseconds(50))
+        }
         #expect(offError?.description == "adapter hci0: powered off (try 'bluetoothctl power on')")
         let scanOff = await bluezError { _ = try await t.client.startDiscovery(on: adapter) }
         guard case .adapterUnavailable(_, let reason)? = scanOff else {
@@ -127,7 +131,9 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         // The beacon's advertisement never changes, so with DuplicateData off BlueZ goes quiet: the watchdog
         // restarts discovery, which BlueZ answers with fresh RSSI values.
         try await eventually(5, "a watchdog restart") { discovery.restartCount >= 1 }
-        try await eventually(3, "discovering again") { t.client.adapterState(.name("hci0")).adapter?.discovering == true }
+        try await eventually(3, "discovering again") {
+            t.client.adapterState(.name("hci0")).adapter?.discovering == true
+        }
         try await eventually(3, "one discovery session") { try await t.counter("discovery_sessions") == 1 }
         await discovery.stop()
         try await eventually(3, "session gone") { try await t.counter("discovery_sessions") == 0 }
@@ -187,7 +193,9 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         }
         #expect(op == "write 2A39")
         #expect(failure?.name == "org.bluez.Error.NotSupported")
-        #expect(unsupported?.description.hasPrefix("device Strap (C0:FF:EE:00:00:01): write 2A39 failed: not supported") == true)
+        #expect(
+            unsupported?.description.hasPrefix("device Strap (C0:FF:EE:00:00:01): write 2A39 failed: not supported")
+                == true)
         let denied = await bluezError { _ = try await p.read(control) }
         guard case .notPermitted(_, "read 2A39", let f)? = denied else {
             Issue.record("expected notPermitted, got \(String(describing: denied))")
@@ -231,7 +239,8 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         #expect(failure?.name == "org.bluez.Error.Failed")
         #expect(
             error?.description
-                == "device Strap (C0:FF:EE:00:00:01): connect failed: org.bluez.Error.Failed le-connection-abort-by-local")
+                == "device Strap (C0:FF:EE:00:00:01): connect failed: org.bluez.Error.Failed le-connection-abort-by-local"
+        )
     }
 
     @Test func pollRetriesInProgress() async throws {
@@ -402,10 +411,14 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
             return seen
         }
         #expect(sequence.contains(.bluetoothdStopped))
-        #expect(sequence.contains { if case .adapterRemoved(let a) = $0 { return a.name == "hci0" } else { return false } })
+        #expect(
+            sequence.contains { if case .adapterRemoved(let a) = $0 { return a.name == "hci0" } else { return false } })
         #expect(sequence.last == .bluetoothdStarted)
-        #expect(sequence.contains { if case .adapterAdded(let a) = $0 { return a.name == "hci0" } else { return false } })
-        try await eventually(5, "the mirror to be rebuilt") { t.client.isBluetoothdRunning && !t.client.adapters.isEmpty }
+        #expect(
+            sequence.contains { if case .adapterAdded(let a) = $0 { return a.name == "hci0" } else { return false } })
+        try await eventually(5, "the mirror to be rebuilt") {
+            t.client.isBluetoothdRunning && !t.client.adapters.isEmpty
+        }
         // The discovery was restarted on the new bluetoothd and sees the strap again.
         _ = try await firstEvent(discovery, timeout: 5) { event -> Bool? in
             if case .appeared(let d) = event, d.address == strap { return true }

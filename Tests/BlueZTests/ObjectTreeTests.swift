@@ -11,7 +11,9 @@ private func interfaces(_ list: [(String, DBusValue)]) -> DBusValue {
 }
 
 private func managed(_ objects: [(String, DBusValue)]) -> DBusValue {
-    .dictionary(key: "o", value: "a{sa{sv}}", objects.map { DBusDictEntry(key: .objectPath(DBusObjectPath(stringLiteral: $0.0)), value: $0.1) })
+    .dictionary(
+        key: "o", value: "a{sa{sv}}",
+        objects.map { DBusDictEntry(key: .objectPath(DBusObjectPath(stringLiteral: $0.0)), value: $0.1) })
 }
 
 private let standard: [(String, DBusValue)] = [
@@ -70,7 +72,10 @@ private func baseTree() -> BlueZObjectTree {
                 interfaces([
                     (
                         "org.bluez.GattService1",
-                        props([("UUID", .string("0000180F-0000-1000-8000-00805F9B34FB")), ("Device", .objectPath(DBusObjectPath(stringLiteral: dev))), ("Primary", .boolean(true))])
+                        props([
+                            ("UUID", .string("0000180F-0000-1000-8000-00805F9B34FB")),
+                            ("Device", .objectPath(DBusObjectPath(stringLiteral: dev))), ("Primary", .boolean(true)),
+                        ])
                     )
                 ])
             ),
@@ -80,8 +85,10 @@ private func baseTree() -> BlueZObjectTree {
                     (
                         "org.bluez.GattCharacteristic1",
                         props([
-                            ("UUID", .string("00002a19-0000-1000-8000-00805f9b34fb")), ("Service", .objectPath("/elsewhere/s1")),
-                            ("Flags", .array("s", [.string("read"), .string("notify")])), ("NotifyAcquired", .boolean(false)),
+                            ("UUID", .string("00002a19-0000-1000-8000-00805f9b34fb")),
+                            ("Service", .objectPath("/elsewhere/s1")),
+                            ("Flags", .array("s", [.string("read"), .string("notify")])),
+                            ("NotifyAcquired", .boolean(false)),
                         ])
                     )
                 ])
@@ -148,7 +155,13 @@ private func baseTree() -> BlueZObjectTree {
                     .objectPath(DBusObjectPath(stringLiteral: newDev)),
                     interfaces(
                         standard + [
-                            ("org.bluez.Device1", props([("Address", .string("11:22:33:44:55:66")), ("Adapter", .objectPath("/org/bluez/hci0"))]))
+                            (
+                                "org.bluez.Device1",
+                                props([
+                                    ("Address", .string("11:22:33:44:55:66")),
+                                    ("Adapter", .objectPath("/org/bluez/hci0")),
+                                ])
+                            )
                         ]),
                 ]))
         #expect(tree.devices.count == 2)
@@ -159,7 +172,10 @@ private func baseTree() -> BlueZObjectTree {
                     .objectPath(DBusObjectPath(stringLiteral: newDev)),
                     .array(
                         "s",
-                        [.string("org.freedesktop.DBus.Properties"), .string("org.freedesktop.DBus.Introspectable"), .string("org.bluez.Device1")]),
+                        [
+                            .string("org.freedesktop.DBus.Properties"), .string("org.freedesktop.DBus.Introspectable"),
+                            .string("org.bluez.Device1"),
+                        ]),
                 ]))
         guard case .interfacesRemoved(_, let names, let previous)? = removed else {
             Issue.record("no removal event")
@@ -173,7 +189,9 @@ private func baseTree() -> BlueZObjectTree {
     @Test func disconnectedSignalCarriesReason() {
         var tree = baseTree()
         let event = tree.apply(
-            signal(dev, "org.bluez.Device1", "Disconnected", [.string("org.bluez.Reason.Remote"), .string("Connection terminated by remote user")]))
+            signal(
+                dev, "org.bluez.Device1", "Disconnected",
+                [.string("org.bluez.Reason.Remote"), .string("Connection terminated by remote user")]))
         guard case .deviceDisconnected(let path, let reason, let message)? = event else {
             Issue.record("no event")
             return
@@ -217,7 +235,10 @@ private func baseTree() -> BlueZObjectTree {
         let e = BlueZError.connectionFailed(
             device: label, reason: "le-connection-abort-by-local",
             failure: BlueZDBusFailure(name: "org.bluez.Error.Failed", message: "le-connection-abort-by-local"))
-        #expect(e.description == "device kitchen-thermo (A4:C1:38:00:11:22): connect failed: org.bluez.Error.Failed le-connection-abort-by-local")
+        #expect(
+            e.description
+                == "device kitchen-thermo (A4:C1:38:00:11:22): connect failed: org.bluez.Error.Failed le-connection-abort-by-local"
+        )
         let nf = BlueZError.deviceNotFound(device: BlueZDeviceLabel(address: "A4:C1:38:00:11:22"), failure: nil)
         #expect(nf.description.hasPrefix("device A4:C1:38:00:11:22: not found"))
         let unknown = mapDBusError(

@@ -72,7 +72,8 @@ final class SimClient: @unchecked Sendable {
 
     init(_ scenario: String = testScenario) async throws {
         sim = try await offPool { try SimulatorFixture(scenario: scenario) }
-        client = try BlueZClient(bus: .address(sim.address), logger: BlueZLogger(handler: TestLogHandler(), level: .debug))
+        client = try BlueZClient(
+            bus: .address(sim.address), logger: BlueZLogger(handler: TestLogHandler(), level: .debug))
         try await client.start(timeout: .seconds(10))
         control = try DBusConnection(.address(sim.address))
     }
@@ -126,7 +127,10 @@ final class SimClient: @unchecked Sendable {
 struct TestLogHandler: BlueZLogHandler {
     func log(level: BlueZLogLevel, message: String, metadata: [String: String]) {
         if ProcessInfo.processInfo.environment["BLUEZ_TEST_LOG"] != nil {
-            FileHandle.standardError.write(Data("\(String(format: "%.3f", Date().timeIntervalSince1970.truncatingRemainder(dividingBy: 100))) [\(level)] \(message)\n".utf8))
+            FileHandle.standardError.write(
+                Data(
+                    "\(String(format: "%.3f", Date().timeIntervalSince1970.truncatingRemainder(dividingBy: 100))) [\(level)] \(message)\n"
+                        .utf8))
         }
     }
 }

@@ -104,17 +104,24 @@ private func json(_ text: String) throws -> Any {
         #expect(out.hasPrefix("device Polar H10 4F2C11 (\(polar)), MTU 247"))
         #expect(out.contains("service 180D (primary)"))
         #expect(out.contains("  characteristic 2A37 heart_rate_measurement [notify]\n    descriptor 2902: 0000"))
-        #expect(out.contains("  characteristic 2A38 body_sensor_location [read]\n    value: 01 -> {\"body_sensor_location\":1,"))
+        #expect(
+            out.contains(
+                "  characteristic 2A38 body_sensor_location [read]\n    value: 01 -> {\"body_sensor_location\":1,"))
         #expect(out.contains("  characteristic 2A19 battery_level [read, notify]"))
         #expect(out.contains("value: 5a -> {\"battery_pct\":90}"))
         #expect(out.contains("descriptor 2904: 0400ad27010000"))
         let nameHex = Data("Polar H10 4F2C11".utf8).map { String(format: "%02x", $0) }.joined()
-        #expect(out.contains("  characteristic 2A00 device_name [read]\n    value: \(nameHex) -> {\"device_name\":\"Polar H10 4F2C11\"}"))
+        #expect(
+            out.contains(
+                "  characteristic 2A00 device_name [read]\n    value: \(nameHex) -> {\"device_name\":\"Polar H10 4F2C11\"}"
+            ))
         // A vendor characteristic without a parser: properties only, nothing decoded.
         let nus = try await blebridge(sim, ["explore", echo])
         #expect(nus.status == 0, "stderr: \(nus.stderr)")
         #expect(nus.stdout.contains("  characteristic \(nusRX) [write-without-response, write]\n"))
-        #expect(nus.stdout.contains("  characteristic 6e400003-b5a3-f393-e0a9-e50e24dcca9e [notify]\n    descriptor 2902: 0000"))
+        #expect(
+            nus.stdout.contains(
+                "  characteristic 6e400003-b5a3-f393-e0a9-e50e24dcca9e [notify]\n    descriptor 2902: 0000"))
     }
 
     @Test func exploreJSON() async throws {
