@@ -554,6 +554,8 @@ public final class BlueZPeripheral: Sendable {
                     "device \(label): AcquireNotify failed (\(BlueZDBusFailure(error))); using StartNotify")
             }
         }
+        // Deliver from now on: a notification can be processed before StartNotify's reply resumes us.
+        session.markStarted()
         register(session)
         do {
             _ = try await gattCall(
@@ -566,7 +568,6 @@ public final class BlueZPeripheral: Sendable {
             session.end(nil)
             throw error
         }
-        session.markStarted()
         client.logger.debug("device \(label): \(op) via StartNotify")
         return session.stream
     }

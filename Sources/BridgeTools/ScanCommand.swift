@@ -7,7 +7,7 @@ public enum ScanCommand: CLICommand {
     public static let name = "scan"
     public static let summary = "list nearby BLE devices and their decoded advertisements"
     public static let usage = """
-        usage: blebridge scan [--service UUID]... [--duration S] [--json] [--passive] [--rssi DBM]
+        usage: blebridge scan [--service UUID]... [--duration S] [--json] [--passive] [--rssi DBM] [--duplicates]
 
         Scans for S seconds (default 5), then prints every device seen: address, name, RSSI, services,
         manufacturer and service data, and the advertisement decoded where a parser exists.
@@ -16,6 +16,7 @@ public enum ScanCommand: CLICommand {
           --json              print one JSON document
           --passive           passive scanning (needs bluetoothd --experimental; falls back to active)
           --rssi DBM          only devices at least this strong
+          --duplicates        ask BlueZ for every advertisement (DuplicateData), not only changed ones
         \(BLECommon.usage)
         """
 
@@ -23,7 +24,7 @@ public enum ScanCommand: CLICommand {
         await runBLE(name) { () async throws(BLEFailure) -> Int32 in
             let args = try BLEArguments(
                 arguments, valued: BLECommon.valued.union(["--service", "--duration", "--rssi"]),
-                flags: BLECommon.flags.union(["--json", "--passive"]))
+                flags: BLECommon.flags.union(["--json", "--passive", "--duplicates"]))
             guard args.positional.isEmpty else { throw .usage("unexpected argument '\(args.positional[0])'") }
             let services = args.values["--service"] ?? []
             for s in services where bluezUUIDString(s) == nil { throw .usage("--service: '\(s)' is not a UUID") }
@@ -36,7 +37,8 @@ public enum ScanCommand: CLICommand {
             let session = try await BLESession.open(args)
             defer { session.client.close() }
             let filter = BlueZDiscoveryFilter(
-                serviceUUIDs: services, rssiThreshold: rssi, passive: args.flags.contains("--passive"),
+                serviceUUIDs: services, rssiThreshold: rssi, duplicateData: args.flags.contains("--duplicates"),
+                passive: args.flags.contains("--passive"),
                 watchdogInterval: nil)
             let discovery: BlueZDiscovery
             do {

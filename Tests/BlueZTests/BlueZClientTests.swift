@@ -96,6 +96,20 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         #expect(t.client.device(address: strap)?.name == "Strap")
     }
 
+    @Test func duplicateDataReportsEveryAdvertisement() async throws {
+        let t = try await SimClient()
+        let discovery = try await t.client.startDiscovery(
+            on: try await t.adapter,
+            filter: BlueZDiscoveryFilter(serviceUUIDs: ["180D"], duplicateData: true, watchdogInterval: nil))
+        // The strap's advertisement never changes; only DuplicateData makes BlueZ re-signal its data.
+        let updates = try await firstEvent(discovery, timeout: 5) { event -> Int? in
+            if case .updated(let d) = event, d.address == strap, d.manufacturerData[0x004C] != nil { return 1 }
+            return nil
+        }
+        #expect(updates == 1)
+        await discovery.stop()
+    }
+
     @Test func passiveScanningUsesAnAdvertisementMonitor() async throws {
         let t = try await SimClient()
         let adapter = try await t.adapter
