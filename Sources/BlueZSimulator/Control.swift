@@ -265,6 +265,7 @@ extension BlueZSimulator {
             connection?.close()
             self.connection = nil
             self.server = nil
+            self.controlServer = nil
             self.queue.asyncAfter(deadline: simDeadline(seconds)) { [weak self] in
                 Task { [weak self] in
                     guard let self else { return }

@@ -216,68 +216,115 @@ extension BlueZSimulator {
             }
         }
         let before = monitors.count
+        monitorApps.removeAll { $0.owner == name }
         monitors.removeAll { $0.owner == name }
         if before != monitors.count { count("monitors_dropped") }
     }
 
     // MARK: AdvertisementMonitor
 
+    /// Reads AdvertisementMonitor1 objects (or_patterns) out of a GetManagedObjects/InterfacesAdded dictionary.
+    static func monitors(in objects: [DBusDictEntry], owner: String, root: DBusObjectPath) -> [SimMonitor] {
+        var found: [SimMonitor] = []
+        for entry in objects {
+            guard let path = entry.key.objectPath, let ifaces = entry.value.dictionaryEntries else { continue }
+            found += monitors(at: path, interfaces: ifaces, owner: owner, root: root)
+        }
+        return found
+    }
+
+    static func monitors(at path: DBusObjectPath, interfaces: [DBusDictEntry], owner: String, root: DBusObjectPath)
+        -> [SimMonitor]
+    {
+        guard path.rawValue.hasPrefix(root.rawValue),
+            let props = interfaces.first(where: { $0.key.string == "org.bluez.AdvertisementMonitor1" })?.value
+                .stringVariantDictionary, props["Type"]?.string == "or_patterns"
+        else { return [] }
+        var patterns: [SimMonitorPattern] = []
+        for p in props["Patterns"]?.arrayElements ?? [] {
+            guard case .structure(let fields) = p, fields.count == 3, let start = fields[0].uint8,
+                let type = fields[1].uint8, let content = fields[2].bytes
+            else { continue }
+            patterns.append(SimMonitorPattern(start: Int(start), adType: type, content: content))
+        }
+        guard !patterns.isEmpty else { return [] }
+        return [SimMonitor(owner: owner, root: root, path: path, patterns: patterns)]
+    }
+
+    /// RegisterMonitor(root): like bluetoothd, act as an ObjectManager client of the caller's `root`: read its
+    /// monitors with GetManagedObjects (an application may have none yet), then follow its InterfacesAdded.
     func registerMonitor(_ call: DBusMethodCall) {
         guard let root = call.arguments.first?.objectPath else { return call.reply.fail(Self.invalidArguments) }
         guard let a = adapters.first(where: { $0.path == call.path }) else { return call.reply.fail(Self.doesNotExist) }
-        if monitors.contains(where: { $0.owner == call.sender && $0.root == root }) {
+        if monitorApps.contains(where: { $0.owner == call.sender && $0.root == root }) {
             return call.reply.fail(Self.alreadyExists)
         }
         guard let connection else { return call.reply.fail(Self.bluezError("Failed", "Failed")) }
         let sender = call.sender
         let epoch = self.epoch
+        monitorApps.append((sender, root))
         Task { [weak self] in
+            let added: DBusSignalStream?
+            do {
+                added = try await connection.signals(
+                    matching: DBusMatchRule(
+                        type: .signal, sender: sender, interface: "org.freedesktop.DBus.ObjectManager",
+                        member: "InterfacesAdded", path: root))
+            } catch {
+                added = nil
+            }
             let objects: [DBusValue]
             do {
                 objects = try await connection.call(
                     destination: sender, path: root, interface: "org.freedesktop.DBus.ObjectManager",
                     method: "GetManagedObjects", timeout: .seconds(5))
             } catch {
+                if let strong = self {
+                    strong.queue.async { strong.monitorApps.removeAll { $0.owner == sender && $0.root == root } }
+                }
                 call.reply.fail(Self.bluezError("Failed", "Failed to get managed objects"))
                 return
             }
-            var found: [SimMonitor] = []
-            for entry in objects.first?.dictionaryEntries ?? [] {
-                guard let path = entry.key.objectPath, let ifaces = entry.value.dictionaryEntries,
-                    let props = ifaces.first(where: { $0.key.string == "org.bluez.AdvertisementMonitor1" })?.value
-                        .stringVariantDictionary
-                else { continue }
-                guard props["Type"]?.string == "or_patterns" else { continue }
-                var patterns: [SimMonitorPattern] = []
-                for p in props["Patterns"]?.arrayElements ?? [] {
-                    guard case .structure(let fields) = p, fields.count == 3, let start = fields[0].uint8,
-                        let type = fields[1].uint8, let content = fields[2].bytes
-                    else { continue }
-                    patterns.append(SimMonitorPattern(start: Int(start), adType: type, content: content))
-                }
-                guard !patterns.isEmpty else { continue }
-                found.append(SimMonitor(owner: sender, root: root, path: path, patterns: patterns))
-            }
+            let found = Self.monitors(in: objects.first?.dictionaryEntries ?? [], owner: sender, root: root)
             guard let self else { return }
-            let monitorsFound = found
             self.queue.async {
-                let found = monitorsFound
                 guard self.epoch == epoch else { return }
-                guard !found.isEmpty else { return call.reply.fail(Self.invalidArguments) }
-                let wasScanning = self.isScanning(a)
-                self.monitors += found
-                self.count("monitors_registered", found.count)
                 call.reply.succeed()
-                for m in found { self.callMonitor(m, "Activate", nil) }
-                if !wasScanning { self.startAdvertising(a) }
+                self.addMonitors(found, adapter: a)
+            }
+            guard let added else { return }
+            do {
+                for await message in added {
+                    guard message.body.count == 2, let path = message.body[0].objectPath,
+                        let ifaces = message.body[1].dictionaryEntries
+                    else { continue }
+                    let more = Self.monitors(at: path, interfaces: ifaces, owner: sender, root: root)
+                    let stillRegistered = self.queue.sync {
+                        self.epoch == epoch && self.monitorApps.contains { $0.owner == sender && $0.root == root }
+                    }
+                    guard stillRegistered else { return }
+                    self.queue.async { self.addMonitors(more, adapter: a) }
+                }
             }
         }
+    }
+
+    func addMonitors(_ found: [SimMonitor], adapter a: SimAdapter) {
+        guard !found.isEmpty else { return }
+        let wasScanning = isScanning(a)
+        monitors += found
+        count("monitors_registered", found.count)
+        for m in found { callMonitor(m, "Activate", nil) }
+        if !wasScanning { startAdvertising(a) }
     }
 
     func unregisterMonitor(_ call: DBusMethodCall) {
         guard let root = call.arguments.first?.objectPath else { return call.reply.fail(Self.invalidArguments) }
         let gone = monitors.filter { $0.owner == call.sender && $0.root == root }
-        guard !gone.isEmpty else { return call.reply.fail(Self.doesNotExist) }
+        guard monitorApps.contains(where: { $0.owner == call.sender && $0.root == root }) else {
+            return call.reply.fail(Self.doesNotExist)
+        }
+        monitorApps.removeAll { $0.owner == call.sender && $0.root == root }
         monitors.removeAll { $0.owner == call.sender && $0.root == root }
         for m in gone { callMonitor(m, "Release", nil) }
         call.reply.succeed()
@@ -289,7 +336,7 @@ extension BlueZSimulator {
         var message = DBusMessage.methodCall(
             destination: m.owner, path: m.path, interface: "org.bluez.AdvertisementMonitor1", method: method,
             body: device.map { [.objectPath($0)] } ?? [])
-        message.destination = m.owner
+        message.noReplyExpected = true
         try? connection.send(message)
     }
 }

@@ -133,7 +133,9 @@ extension BlueZSimulator {
         guard let server else { return }
         server.addInterfaces(at: "/org/bluez", rootInterfaces())
         for a in adapters { server.addInterfaces(at: a.path, adapterInterfaces(a)) }
-        server.addInterfaces(at: "/org/bluez/sim", [(controlInterface(), [:])])
+        // The control object has its own server (an ObjectManager of its own at its path), so that clients
+        // reading org.bluez's tree through GetManagedObjects on "/" see only what bluetoothd would export.
+        controlServer?.addInterfaces(at: "/org/bluez/sim", [(controlInterface(), [:])])
     }
 
     // MARK: devices

@@ -23,15 +23,19 @@ public final class BlueZSimulator: @unchecked Sendable {
     let queue = DispatchQueue(label: "bluez-sim")
     var connection: DBusConnection?
     var server: DBusObjectServer?
+    var controlServer: DBusObjectServer?
     var adapters: [SimAdapter] = []
     var devices: [SimDevice] = []
     /// The scenario with runtime additions (AddPeripheral) removed on restart.
     var monitors: [SimMonitor] = []
+    /// Registered monitor applications (owner, root), with or without monitors yet.
+    var monitorApps: [(owner: String, root: DBusObjectPath)] = []
     var counters: [String: Int] = [:]
     /// Bumped on restart so stale timers do nothing.
     var epoch = 0
     var restarting = false
     private let lost = Mutex<[CheckedContinuation<Void, Never>]?>([])
+    private let stopRequested = Mutex(false)
     private let logVerbose: Bool
 
     /// - Parameters:
@@ -52,9 +56,11 @@ public final class BlueZSimulator: @unchecked Sendable {
             throw SimulatorError("cannot connect to the bus: \(error)")
         }
         let server = DBusObjectServer(connection: connection, objectManagerPath: "/")
+        let controlServer = DBusObjectServer(connection: connection, objectManagerPath: "/org/bluez/sim")
         queue.sync {
             self.connection = connection
             self.server = server
+            self.controlServer = controlServer
             self.restarting = false
             self.resetState()
             self.exportRoot()
@@ -67,7 +73,7 @@ public final class BlueZSimulator: @unchecked Sendable {
             let epoch = queue.sync { self.epoch }
             Task { [weak self] in
                 do {
-                    for try await message in ownerStream {
+                    for await message in ownerStream {
                         guard let self else { return }
                         if message.body.count == 3, let name = message.body[0].string, let new = message.body[2].string,
                             name.hasPrefix(":"), new.isEmpty
@@ -75,7 +81,7 @@ public final class BlueZSimulator: @unchecked Sendable {
                             self.queue.async { if self.epoch == epoch { self.clientLeft(name) } }
                         }
                     }
-                } catch {}
+                }
             }
             let reply = try await connection.requestName("org.bluez", flags: [.doNotQueue])
             guard reply == .primaryOwner || reply == .alreadyOwner else {
@@ -99,7 +105,9 @@ public final class BlueZSimulator: @unchecked Sendable {
     }
 
     /// Returns when the bus connection is lost (not when a simulated restart closes it) or `stop()` was called.
-    public func waitUntilBusLost() async {
+    /// - Returns: true when the bus was lost, false after `stop()`.
+    @discardableResult
+    public func waitUntilBusLost() async -> Bool {
         await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
             let resumeNow = lost.withLock { waiters -> Bool in
                 guard waiters != nil else { return true }
@@ -108,6 +116,7 @@ public final class BlueZSimulator: @unchecked Sendable {
             }
             if resumeNow { c.resume() }
         }
+        return !stopRequested.withLock { $0 }
     }
 
     private func markLost() {
@@ -121,6 +130,7 @@ public final class BlueZSimulator: @unchecked Sendable {
 
     /// Stops timers, closes sockets and the connection.
     public func stop() {
+        stopRequested.withLock { $0 = true }
         queue.sync {
             self.epoch += 1
             self.restarting = true
@@ -128,6 +138,7 @@ public final class BlueZSimulator: @unchecked Sendable {
             self.connection?.close()
             self.connection = nil
             self.server = nil
+            self.controlServer = nil
         }
         markLost()
     }
@@ -149,6 +160,7 @@ public final class BlueZSimulator: @unchecked Sendable {
             return SimDevice(spec: spec, adapterPath: a.path, now: now)
         }
         monitors = []
+        monitorApps = []
     }
 
     func tearDownDevices() {

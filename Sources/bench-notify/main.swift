@@ -71,6 +71,7 @@ extension String {
     func replacingColons() -> String { String(map { $0 == ":" ? "_" : $0 }) }
 }
 
+@discardableResult
 func bluez(_ path: DBusObjectPath, _ interface: String, _ method: String, _ args: [DBusValue] = [],
            timeout: Duration = .seconds(25)) async throws(DBusError) -> [DBusValue]
 {

@@ -1,7 +1,6 @@
 // bluez-sim: serves a simulated bluetoothd (org.bluez) on the system bus, or on a private bus it spawns.
 import BlueZSimulator
 import DBus
-import Dispatch
 
 #if canImport(Glibc)
     import Glibc
@@ -71,20 +70,10 @@ let busToStop = spawned
 
 let simulator = BlueZSimulator(scenario: scenario, bus: bus, verbose: verbose)
 
-signal(SIGTERM, SIG_IGN)
-signal(SIGINT, SIG_IGN)
-signal(SIGPIPE, SIG_IGN)
-let signalQueue = DispatchQueue(label: "bluez-sim.signals")
-var signalSources: [DispatchSourceSignal] = []
-for sig in [SIGTERM, SIGINT] {
-    let source = DispatchSource.makeSignalSource(signal: sig, queue: signalQueue)
-    source.setEventHandler {
-        simulator.stop()
-        busToStop?.stop()
-        exit(0)
-    }
-    source.resume()
-    signalSources.append(source)
+let signalSources = onTerminationSignals { [simulator, busToStop] in
+    simulator.stop()
+    busToStop?.stop()
+    exit(0)
 }
 
 do {
@@ -98,7 +87,10 @@ let connectable = scenario.peripherals.filter(\.connectable).count
 writeLine(
     "bluez-sim: ready (\(scenario.adapters.count) adapter(s), \(scenario.peripherals.count) peripheral(s), "
         + "\(connectable) connectable; control: /org/bluez/sim io.blebridge.Simulator1)")
-await simulator.waitUntilBusLost()
-writeErrorLine("bluez-sim: lost the bus connection; exiting")
-busToStop?.stop()
-exit(1)
+if await simulator.waitUntilBusLost() {
+    writeErrorLine("bluez-sim: lost the bus connection; exiting")
+    busToStop?.stop()
+    exit(1)
+}
+// stop() was called by the signal handler, which exits the process itself.
+while true { try? await Task.sleep(for: .seconds(60)) }

@@ -43,11 +43,11 @@ def test_bluez_errors(sim):
     assert "org.bluez.Error.Failed: No discovery started" in r.stderr
     r = call(sim, "/org/bluez/hci0", "org.bluez.Adapter1.RemoveDevice", "objpath:/org/bluez/hci0/dev_11_22_33_44_55_66")
     assert "org.bluez.Error.DoesNotExist" in r.stderr
+    # a{ss} is not a{sv}: gdbus rejects the signature before BlueZ sees the call.
     r = call(sim, "/org/bluez/hci0", "org.bluez.Adapter1.SetDiscoveryFilter",
              "dict:string:string:Transport,carrier-pigeon")
-    assert "org.bluez.Error.InvalidArguments" in r.stderr
-    r = call(sim, "/org/bluez/hci0", "org.bluez.Adapter1.SetDiscoveryFilter", "dict:string:string:Colour,red")
-    assert "org.bluez.Error.InvalidArguments" in r.stderr
+    assert ('org.freedesktop.DBus.Error.UnknownMethod: Method "SetDiscoveryFilter" with signature "a{ss}" on '
+            'interface "org.bluez.Adapter1" doesn\'t exist') in r.stderr
 
 
 def test_garbage_to_the_control_interface(sim):
@@ -99,6 +99,17 @@ def test_gatt_rules_over_a_raw_dbus_client(sim):
             return "ok", reply.body
 
         results = {}
+        adapter = ("/org/bluez/hci0", "org.bluez.Adapter1")
+        results["filter_bad_transport"] = await invoke(*adapter, "SetDiscoveryFilter", "a{sv}",
+                                                       [{"Transport": Variant("s", "carrier-pigeon")}])
+        results["filter_unknown_key"] = await invoke(*adapter, "SetDiscoveryFilter", "a{sv}",
+                                                     [{"Colour": Variant("s", "red")}])
+        results["filter_wrong_type"] = await invoke(*adapter, "SetDiscoveryFilter", "a{sv}",
+                                                    [{"RSSI": Variant("s", "-70")}])
+        results["filter_rssi_and_pathloss"] = await invoke(*adapter, "SetDiscoveryFilter", "a{sv}",
+                                                           [{"RSSI": Variant("n", -70), "Pathloss": Variant("q", 5)}])
+        results["filter_ok"] = await invoke(*adapter, "SetDiscoveryFilter", "a{sv}",
+                                            [{"Transport": Variant("s", "le"), "DuplicateData": Variant("b", False)}])
         results["start"] = await invoke("/org/bluez/hci0", "org.bluez.Adapter1", "StartDiscovery")
         results["start_again"] = await invoke("/org/bluez/hci0", "org.bluez.Adapter1", "StartDiscovery")
         for _ in range(100):
@@ -142,6 +153,10 @@ def test_gatt_rules_over_a_raw_dbus_client(sim):
         return results
 
     r = asyncio.run(main())
+    invalid = ("org.bluez.Error.InvalidArguments", "Invalid arguments in method call")
+    for key in ("filter_bad_transport", "filter_unknown_key", "filter_wrong_type", "filter_rssi_and_pathloss"):
+        assert r[key] == invalid, key
+    assert r["filter_ok"] == ("ok", [])
     assert r["start"] == ("ok", [])
     assert r["start_again"] == ("org.bluez.Error.InProgress", "Operation already in progress")
     assert r["disconnect_idle"] == ("ok", [])

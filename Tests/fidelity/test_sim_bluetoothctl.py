@@ -1,4 +1,5 @@
 """Debian's bluetoothctl (BlueZ 5.66) against bluez-sim."""
+import re
 import subprocess
 import time
 
@@ -36,6 +37,8 @@ def test_bluetoothctl_scan_then_devices(sim):
     finally:
         if p.poll() is None:
             p.kill()
+    out = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", out)
+    out = re.sub(r"[\r\x01\x02]", "", out)  # readline's invisible-prompt markers
     assert "Discovery started" in out
     for address, name in [(HR_STRAP, "Polar H10 4F2C11"), (ECHO, "Echo NUS"), (BTHOME, "ATC_8F80A5"),
                           (RUUVI, "Ruuvi 884F")]:

@@ -1,0 +1,413 @@
+// The simulator over a real bus: a private dbus-daemon, the bluez-sim binary, and a libdbus client (our DBus target).
+import DBus
+import Foundation
+import Synchronization
+import Testing
+import TestSupport
+
+/// Records every signal matching a rule, for order checks.
+final class SignalRecorder: Sendable {
+    final class Store: Sendable {
+        let messages = Mutex<[DBusMessage]>([])
+    }
+    let store = Store()
+    private let task: Task<Void, Never>
+
+    init(_ connection: DBusConnection, _ rule: DBusMatchRule = DBusMatchRule(type: .signal, sender: "org.bluez"))
+        async throws
+    {
+        let stream = try await connection.signals(matching: rule)
+        let store = self.store
+        task = Task {
+            for await m in stream { store.messages.withLock { $0.append(m) } }
+        }
+    }
+
+    var all: [DBusMessage] { store.messages.withLock { $0 } }
+
+    /// Waits until `predicate` holds over the recorded signals.
+    func wait(timeout: Double = 5, _ what: String = "", _ predicate: ([DBusMessage]) -> Bool) async throws {
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if predicate(all) { return }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        Issue.record("timed out waiting for \(what); got \(all.map(Self.describe))")
+        throw HarnessError("timeout: \(what)")
+    }
+
+    deinit { task.cancel() }
+
+    /// A compact description: "IA /path", "IR /path", "PC /path {a,b} [inv]", "SIG member".
+    static func describe(_ m: DBusMessage) -> String {
+        switch m.member {
+        case "InterfacesAdded": return "IA \(m.body.first?.string ?? "")"
+        case "InterfacesRemoved": return "IR \(m.body.first?.string ?? "")"
+        case "PropertiesChanged":
+            let keys = m.body.count > 1 ? (m.body[1].dictionaryEntries ?? []).compactMap(\.key.string).sorted() : []
+            let inv = m.body.count > 2 ? (m.body[2].arrayElements ?? []).compactMap(\.string) : []
+            return "PC \(m.path?.rawValue ?? "") {\(keys.joined(separator: ","))}"
+                + (inv.isEmpty ? "" : " [\(inv.joined(separator: ","))]")
+        default: return "SIG \(m.member ?? "")"
+        }
+    }
+}
+
+let hr = "A0:9E:1A:4F:2C:11"
+let hrPath: DBusObjectPath = "/org/bluez/hci0/dev_A0_9E_1A_4F_2C_11"
+let echo = "F1:E2:D3:C4:B5:A6"
+let echoPath: DBusObjectPath = "/org/bluez/hci0/dev_F1_E2_D3_C4_B5_A6"
+
+/// A connection to the fixture's bus with helpers for org.bluez calls.
+struct Client {
+    let connection: DBusConnection
+
+    init(_ sim: SimulatorFixture) throws { connection = try DBusConnection(.address(sim.address)) }
+
+    @discardableResult
+    func call(_ path: DBusObjectPath, _ interface: String, _ method: String, _ args: [DBusValue] = [],
+              timeout: Duration = .seconds(10)) async throws(DBusError) -> [DBusValue]
+    {
+        try await connection.call(destination: "org.bluez", path: path, interface: interface, method: method,
+                                  arguments: args, timeout: timeout)
+    }
+
+    func error(_ path: DBusObjectPath, _ interface: String, _ method: String, _ args: [DBusValue] = [],
+               timeout: Duration = .seconds(10)) async -> DBusError?
+    {
+        do {
+            try await call(path, interface, method, args, timeout: timeout)
+            return nil
+        } catch { return error }
+    }
+
+    func property(_ path: DBusObjectPath, _ interface: String, _ name: String) async -> DBusValue? {
+        try? await call(path, "org.freedesktop.DBus.Properties", "Get", [.string(interface), .string(name)]).first?
+            .variantValue
+    }
+
+    @discardableResult
+    func control(_ method: String, _ args: [DBusValue] = []) async throws(DBusError) -> [DBusValue] {
+        try await call("/org/bluez/sim", "io.blebridge.Simulator1", method, args)
+    }
+
+    func managedPaths() async throws -> Set<String> {
+        let objects = try await call("/", "org.freedesktop.DBus.ObjectManager", "GetManagedObjects")
+        return Set((objects.first?.dictionaryEntries ?? []).compactMap(\.key.string))
+    }
+
+    /// Scans until `path` exists.
+    func discover(_ path: DBusObjectPath) async throws {
+        try await call("/org/bluez/hci0", "org.bluez.Adapter1", "StartDiscovery")
+        for _ in 0..<300 where await property(path, "org.bluez.Device1", "Address") == nil {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        #expect(await property(path, "org.bluez.Device1", "Address") != nil)
+    }
+
+    func waitResolved(_ path: DBusObjectPath) async throws {
+        for _ in 0..<300 where await property(path, "org.bluez.Device1", "ServicesResolved")?.bool != true {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+    }
+}
+
+func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
+    var text = try String(contentsOf: Fixtures.config("demo-scenario.yaml"), encoding: .utf8)
+    if !extra.isEmpty { text = text.replacingOccurrences(of: "temporary_timeout: 30", with: extra) }
+    return try SimulatorFixture(scenario: text)
+}
+
+@Suite struct SimulatorBusTests {
+    @Test func exportsTheAdapterAndManagersLikeBlueZ() async throws {
+        let sim = try demoFixture()
+        defer { sim.stop() }
+        let c = try Client(sim)
+        let paths = try await c.managedPaths()
+        #expect(paths == ["/org/bluez", "/org/bluez/hci0"])
+        #expect(await c.property("/org/bluez/hci0", "org.bluez.Adapter1", "Powered")?.bool == true)
+        let roles = await c.property("/org/bluez/hci0", "org.bluez.Adapter1", "Roles")?.arrayElements?.compactMap(\.string)
+        #expect(roles?.contains("central") == true)
+        #expect(await c.property("/org/bluez/hci0", "org.bluez.Adapter1", "Discovering")?.bool == false)
+        try await c.call("/org/bluez", "org.bluez.AgentManager1", "RegisterAgent",
+                         [.objectPath("/agent"), .string("NoInputNoOutput")])
+    }
+
+    @Test func discoveryStopRemovesNonConnectableAndInvalidatesRSSI() async throws {
+        let sim = try demoFixture()
+        defer { sim.stop() }
+        let c = try Client(sim)
+        let rec = try await SignalRecorder(c.connection)
+        try await c.discover(hrPath)
+        let bthome = "/org/bluez/hci0/dev_A4_C1_38_8F_80_A5"
+        try await rec.wait("BTHome device") { $0.contains { SignalRecorder.describe($0) == "IA \(bthome)" } }
+        #expect(await c.error("/org/bluez/hci0", "org.bluez.Adapter1", "StartDiscovery")?.name
+            == "org.bluez.Error.InProgress")
+        try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StopDiscovery")
+        try await rec.wait("removal") { $0.contains { SignalRecorder.describe($0) == "IR \(bthome)" } }
+        try await rec.wait("RSSI invalidated") {
+            $0.contains { SignalRecorder.describe($0).hasPrefix("PC \(hrPath.rawValue) {} [RSSI") }
+        }
+        let paths = try await c.managedPaths()
+        #expect(paths.contains(hrPath.rawValue))
+        #expect(!paths.contains(bthome))
+        #expect(await c.property(hrPath, "org.bluez.Device1", "RSSI") == nil)
+        let stop = await c.error("/org/bluez/hci0", "org.bluez.Adapter1", "StopDiscovery")
+        #expect(stop == DBusError(name: "org.bluez.Error.Failed", message: "No discovery started"))
+    }
+
+    @Test func temporaryDevicesExpire() async throws {
+        let sim = try demoFixture("temporary_timeout: 0.4")
+        defer { sim.stop() }
+        let c = try Client(sim)
+        try await c.discover(hrPath)
+        try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StopDiscovery")
+        #expect(try await c.managedPaths().contains(hrPath.rawValue))
+        try await Task.sleep(for: .milliseconds(900))
+        #expect(!(try await c.managedPaths().contains(hrPath.rawValue)))
+    }
+
+    @Test func connectAndDisconnectSignalOrder() async throws {
+        let sim = try demoFixture()
+        defer { sim.stop() }
+        let c = try Client(sim)
+        try await c.discover(hrPath)
+        try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StopDiscovery")
+        let rec = try await SignalRecorder(c.connection)
+        let reply = try await c.connection.call(
+            .methodCall(destination: "org.bluez", path: hrPath, interface: "org.bluez.Device1", method: "Connect"))
+        try await rec.wait("resolved") { $0.contains { SignalRecorder.describe($0).contains("ServicesResolved") } }
+        // The simulator's serials give its send order: Connected=true, then the reply, then the objects.
+        let connectedSignal = try #require(rec.all.first { SignalRecorder.describe($0) == "PC \(hrPath.rawValue) {Connected}" })
+        let firstAdded = try #require(rec.all.first { $0.member == "InterfacesAdded" })
+        #expect(connectedSignal.serial < reply.serial)
+        #expect(reply.serial < firstAdded.serial)
+        let order = rec.all.map(SignalRecorder.describe)
+        let resolved = try #require(order.firstIndex(of: "PC \(hrPath.rawValue) {ServicesResolved,UUIDs}"))
+        let added = order.enumerated().filter { $0.element.hasPrefix("IA ") }
+        #expect(added.count == 4 + 8 + 3)  // services, characteristics, descriptors (2 CCCDs, one 2904)
+        #expect(added.allSatisfy { $0.offset < resolved })
+        #expect(added.first?.element == "IA \(hrPath.rawValue)/service0001")
+        #expect(order.contains("IA \(hrPath.rawValue)/service000d/char000e/desc0010"))
+        #expect(await c.property(hrPath.appending("service000d/char000e"), "org.bluez.GattCharacteristic1", "Handle")
+            == .uint16(0x0e))
+
+        let before = rec.all.count
+        try await c.call(hrPath, "org.bluez.Device1", "Disconnect")
+        let afterDisconnect = rec.all.dropFirst(before).map(SignalRecorder.describe)
+        #expect(afterDisconnect == [
+            "PC \(hrPath.rawValue) {ServicesResolved}", "SIG Disconnected", "PC \(hrPath.rawValue) {Connected}",
+        ])
+        let reason = rec.all.first { $0.member == "Disconnected" }?.body.compactMap(\.string)
+        #expect(reason == ["org.bluez.Reason.Local", "Connection terminated by local host"])
+
+        // GATT cache: the objects stay, and a reconnect only shows Connected, then ServicesResolved.
+        #expect(try await c.managedPaths().contains(hrPath.rawValue + "/service000d/char000e"))
+        let mark = rec.all.count
+        try await c.call(hrPath, "org.bluez.Device1", "Connect")
+        try await rec.wait("resolved again") {
+            $0.dropFirst(mark).contains { SignalRecorder.describe($0).contains("ServicesResolved") }
+        }
+        #expect(!rec.all.dropFirst(mark).contains { $0.member == "InterfacesAdded" })
+    }
+
+    @Test func notifySessionsArePerSenderAndDroppedWhenTheSenderLeaves() async throws {
+        let sim = try demoFixture()
+        defer { sim.stop() }
+        let a = try Client(sim)
+        let b = try Client(sim)
+        try await a.discover(hrPath)
+        try await a.call(hrPath, "org.bluez.Device1", "Connect")
+        try await a.waitResolved(hrPath)
+        let char = hrPath.appending("service000d/char000e")
+        let iface = "org.bluez.GattCharacteristic1"
+        try await a.call(char, iface, "StartNotify")
+        try await a.call(char, iface, "StartNotify")  // already registered: success
+        try await b.call(char, iface, "StartNotify")
+        #expect(await a.property(char, iface, "Notifying")?.bool == true)
+        #expect(await a.error(char, iface, "AcquireNotify", [.stringVariantDictionary([])])?.name
+            == "org.bluez.Error.InProgress")
+        try await a.call(char, iface, "StopNotify")
+        #expect(await a.error(char, iface, "StopNotify")
+            == DBusError(name: "org.bluez.Error.Failed", message: "No notify session started"))
+        #expect(await a.property(char, iface, "Notifying")?.bool == true)
+        b.connection.close()
+        for _ in 0..<200 where await a.property(char, iface, "Notifying")?.bool != false {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        #expect(await a.property(char, iface, "Notifying")?.bool == false)
+    }
+
+    @Test func acquireWriteCarriesDatagramsAndLocksWriteValue() async throws {
+        let sim = try demoFixture()
+        defer { sim.stop() }
+        let c = try Client(sim)
+        try await c.discover(echoPath)
+        try await c.call(echoPath, "org.bluez.Device1", "Connect")
+        try await c.waitResolved(echoPath)
+        let rx = echoPath.appending("service000d/char000e")
+        let iface = "org.bluez.GattCharacteristic1"
+        #expect(await c.property(rx, iface, "WriteAcquired")?.bool == false)
+        let reply = try await c.call(rx, iface, "AcquireWrite", [.stringVariantDictionary([])])
+        #expect(reply.count == 2)
+        #expect(reply.last == .uint16(247))
+        let fd = try #require(reply.first?.fileDescriptor).take()
+        defer { close(fd) }
+        for text in ["one", "two"] {
+            let bytes = Array(text.utf8)
+            #expect(bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) } == bytes.count)
+        }
+        #expect(await c.property(rx, iface, "WriteAcquired")?.bool == true)
+        let locked = await c.error(rx, iface, "WriteValue", [.bytes([1]), .stringVariantDictionary([])])
+        #expect(locked == DBusError(name: "org.bluez.Error.NotPermitted", message: "Write acquired"))
+        var writes: [DBusValue] = []
+        for _ in 0..<100 {
+            writes = try await c.control("GetWrites", [.string(echo)]).first?.arrayElements ?? []
+            if writes.count == 2 { break }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        #expect(writes == [
+            .structure([.string("6e400002-b5a3-f393-e0a9-e50e24dcca9e"), .bytes(Array("one".utf8)), .string("command")]),
+            .structure([.string("6e400002-b5a3-f393-e0a9-e50e24dcca9e"), .bytes(Array("two".utf8)), .string("command")]),
+        ])
+        close(fd)
+        for _ in 0..<200 where await c.property(rx, iface, "WriteAcquired")?.bool != false {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        #expect(await c.property(rx, iface, "WriteAcquired")?.bool == false)
+    }
+
+    @Test func injectedFaults() async throws {
+        let sim = try demoFixture()
+        defer { sim.stop() }
+        let c = try Client(sim)
+        try await c.discover(hrPath)
+        try await c.control("InjectFault", [.string(hr), .string("in-progress"), .string("{}")])
+        #expect(await c.error(hrPath, "org.bluez.Device1", "Connect")
+            == DBusError(name: "org.bluez.Error.InProgress", message: "In Progress"))
+        try await c.control("InjectFault", [.string(hr), .string("connect-failed"),
+                                            .string("{message: le-connection-timeout}")])
+        #expect(await c.error(hrPath, "org.bluez.Device1", "Connect")
+            == DBusError(name: "org.bluez.Error.Failed", message: "le-connection-timeout"))
+        let rec = try await SignalRecorder(c.connection)
+        try await c.control("InjectFault", [.string(hr), .string("le-connection-abort-by-local"), .string("{}")])
+        #expect(await c.error(hrPath, "org.bluez.Device1", "Connect")
+            == DBusError(name: "org.bluez.Error.Failed", message: "le-connection-abort-by-local"))
+        try await rec.wait("Connected false") {
+            $0.filter { SignalRecorder.describe($0) == "PC \(hrPath.rawValue) {Connected}" }.count == 2
+        }
+        let connected = rec.all.filter { $0.member == "PropertiesChanged" && $0.path == hrPath }
+            .compactMap { $0.body[1].stringVariantDictionary?["Connected"]?.bool }
+        #expect(connected == [true, false])
+
+        // A connect that never answers; Disconnect cancels it.
+        try await c.control("InjectFault", [.string(hr), .string("connect-no-reply"), .string("{}")])
+        async let pending = c.error(hrPath, "org.bluez.Device1", "Connect", timeout: .seconds(5))
+        try await Task.sleep(for: .milliseconds(200))
+        try await c.call(hrPath, "org.bluez.Device1", "Disconnect")
+        #expect(await pending == DBusError(name: "org.bluez.Error.Failed", message: "br-connection-canceled"))
+
+        // ATT errors on reads and writes.
+        try await c.call(hrPath, "org.bluez.Device1", "Connect")
+        try await c.waitResolved(hrPath)
+        let location = hrPath.appending("service000d/char0011")
+        try await c.control("InjectFault", [.string(hr), .string("read-error"), .string("{uuid: 2A38, att: 0x80}")])
+        #expect(await c.error(location, "org.bluez.GattCharacteristic1", "ReadValue", [.stringVariantDictionary([])])
+            == DBusError(name: "org.bluez.Error.Failed", message: "Operation failed with ATT error: 0x80"))
+        #expect(try await c.call(location, "org.bluez.GattCharacteristic1", "ReadValue", [.stringVariantDictionary([])])
+            == [.bytes([1])])
+        let counters = try await c.control("GetCounters").first?.stringVariantDictionary
+        #expect(counters?["faults_fired"]?.int64 == 5)
+    }
+
+    @Test func servicesResolvedBeforeObjectsFault() async throws {
+        let sim = try demoFixture()
+        defer { sim.stop() }
+        let c = try Client(sim)
+        try await c.discover(hrPath)
+        try await c.control("InjectFault", [.string(hr), .string("services-resolved-early"), .string("{}")])
+        let rec = try await SignalRecorder(c.connection)
+        try await c.call(hrPath, "org.bluez.Device1", "Connect")
+        try await rec.wait("objects") { $0.filter { $0.member == "InterfacesAdded" }.count == 15 }
+        let order = rec.all.map(SignalRecorder.describe)
+        let resolved = try #require(order.firstIndex { $0.contains("ServicesResolved") })
+        let firstAdded = try #require(order.firstIndex { $0.hasPrefix("IA") })
+        #expect(resolved < firstAdded)
+    }
+
+    @Test func controlChangesTheWorld() async throws {
+        let sim = try demoFixture()
+        defer { sim.stop() }
+        let c = try Client(sim)
+        let rec = try await SignalRecorder(c.connection)
+        let path = try await c.control("AddPeripheral", [
+            .string(#"{address: "11:22:33:44:55:66", name: Added, manufacturer_data: [{company: 0x004C, value: "02 15"}]}"#)
+        ])
+        #expect(path == [.objectPath("/org/bluez/hci0/dev_11_22_33_44_55_66")])
+        let added: DBusObjectPath = "/org/bluez/hci0/dev_11_22_33_44_55_66"
+        try await c.discover(added)
+        #expect(await c.property(added, "org.bluez.Device1", "Name") == .string("Added"))
+        try await c.control("SetAdvertisement", [.string("11:22:33:44:55:66"),
+                                                 .string(#"{manufacturer_data: [{company: 0x004C, value: "02 16"}]}"#)])
+        try await rec.wait("data change") {
+            $0.contains { SignalRecorder.describe($0) == "PC \(added.rawValue) {ManufacturerData}" }
+        }
+        let data = await c.property(added, "org.bluez.Device1", "ManufacturerData")?.dictionaryEntries
+        #expect(data?.first?.value.bytes == [0x02, 0x16])
+        let bad = await c.error("/org/bluez/sim", "io.blebridge.Simulator1", "AddPeripheral",
+                                [.string(#"{address: "11:22:33:44:55:67", gatt: [{uuid: "2A3"}]}"#)])
+        #expect(bad?.message == #"peripheral.gatt[0].uuid: "2A3" is not a UUID"#)
+        try await c.control("RemovePeripheral", [.string("11:22:33:44:55:66")])
+        try await rec.wait("removed") { $0.contains { SignalRecorder.describe($0) == "IR \(added.rawValue)" } }
+    }
+
+    @Test func pushedAndGeneratedNotifications() async throws {
+        let sim = try demoFixture()
+        defer { sim.stop() }
+        let c = try Client(sim)
+        try await c.discover(hrPath)
+        try await c.call(hrPath, "org.bluez.Device1", "Connect")
+        try await c.waitResolved(hrPath)
+        let char = hrPath.appending("service000d/char000e")
+        let rec = try await SignalRecorder(
+            c.connection, DBusMatchRule(type: .signal, sender: "org.bluez", member: "PropertiesChanged", path: char))
+        try await c.control("SetNotificationRate", [.string(hr), .string("2A37"), .double(50)])
+        try await c.call(char, "org.bluez.GattCharacteristic1", "StartNotify")
+        try await c.control("PushNotification", [.string(hr), .string("2A37"), .bytes([0x00, 0x99])])
+        try await rec.wait("pushed") {
+            $0.contains { $0.body[1].stringVariantDictionary?["Value"]?.bytes == [0x00, 0x99] }
+        }
+        try await Task.sleep(for: .milliseconds(500))
+        let values = rec.all.compactMap { $0.body[1].stringVariantDictionary?["Value"]?.bytes }
+        #expect(values.count >= 15)  // 50 Hz for ~0.5 s, plus the pushed one
+        #expect(values.contains([0x1E, 0x48, 0x10, 0x00, 0x55, 0x03]))
+    }
+
+    @Test func restartDaemonDropsEverythingAndComesBack() async throws {
+        let sim = try demoFixture()
+        defer { sim.stop() }
+        let c = try Client(sim)
+        let owners = try await c.connection.nameOwnerChanges("org.bluez")
+        try await c.discover(hrPath)
+        try await c.control("RestartDaemon", [.double(0.3)])
+        var seen: [String?] = []
+        for await owner in owners {
+            seen.append(owner)
+            if seen.count == 3 { break }
+        }
+        #expect(seen[0] != nil)
+        #expect(seen[1] == nil)
+        #expect(seen[2] != nil && seen[2] != seen[0])
+        try sim.waitForBlueZ()
+        #expect(try await c.managedPaths() == ["/org/bluez", "/org/bluez/hci0"])
+        #expect(try await c.control("GetCounters").first?.stringVariantDictionary?["restarts"]?.int64 == 1)
+    }
+
+    @Test func harnessControlViaDBusSend() throws {
+        let sim = try demoFixture()
+        defer { sim.stop() }
+        let out = try sim.control("GetCounters")
+        #expect(out.contains("devices_exported"))
+        #expect(throws: HarnessError.self) { try sim.control("InjectFault", ["string:\(hr)", "string:nope", "string:{}"]) }
+    }
+}
