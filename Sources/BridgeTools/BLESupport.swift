@@ -1,6 +1,7 @@
 // Shared pieces of the BLE subcommands (scan, explore, read, write, notify): argument parsing, opening the client and
 // adapter, finding the device (scanning for it when BlueZ does not know it), resolving CHAR, decoding, JSON.
 import BlueZ
+import Dispatch
 import GATT
 
 #if canImport(Glibc)
@@ -350,4 +351,22 @@ func runBLE(_ name: String, _ body: () async throws(BLEFailure) -> Int32) async 
         writeErr("blebridge \(name): \(error.message)")
         return error.code
     }
+}
+
+/// Runs `body` as a child task that SIGINT or SIGTERM cancels, so a command can clean up (disconnect) before it
+/// exits instead of dying with the BLE connection still up.
+func cancellingOnInterrupt<T: Sendable>(_ body: @escaping @Sendable () async -> T) async -> T {
+    let task = Task { await body() }
+    let queue = DispatchQueue(label: "blebridge.signals")
+    var sources: [any DispatchSourceSignal] = []
+    for sig in [SIGINT, SIGTERM] {
+        signal(sig, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: sig, queue: queue)
+        source.setEventHandler { task.cancel() }
+        source.resume()
+        sources.append(source)
+    }
+    let result = await task.value
+    for source in sources { source.cancel() }
+    return result
 }

@@ -29,19 +29,23 @@ public enum NotifyCommand: CLICommand {
             let session = try await BLESession.open(args)
             defer { session.client.close() }
             let peripheral = try await session.connect(address, args: args)
-            var received = 0
+            let c: BlueZCharacteristic
+            let values: BlueZNotifications
             do {
-                let c = try resolveCharacteristic(args.positional[1], on: peripheral, registry: registry)
-                let values: BlueZNotifications
-                do {
-                    values = try await peripheral.notifications(
-                        for: c, preferAcquire: !args.flags.contains("--start-notify"))
-                } catch {
-                    throw BLEFailure(error)
-                }
+                c = try resolveCharacteristic(args.positional[1], on: peripheral, registry: registry)
+                values = try await peripheral.notifications(
+                    for: c, preferAcquire: !args.flags.contains("--start-notify"))
+            } catch {
+                await peripheral.disconnect()
+                throw BLEFailure(error)
+            }
+            let hex = args.flags.contains("--hex")
+            // Until --count values, a disconnect, or Ctrl-C (which cancels the loop; we still disconnect below).
+            let failure: BLEFailure? = await cancellingOnInterrupt {
+                var received = 0
                 do {
                     for try await value in values {
-                        if args.flags.contains("--hex") {
+                        if hex {
                             writeOut(hexBytes(value))
                         } else {
                             let (reading, error) = decodeValue(c.uuid, value, registry: registry)
@@ -56,16 +60,13 @@ public enum NotifyCommand: CLICommand {
                         received += 1
                         if let count, received >= count { break }
                     }
-                } catch let error as BlueZError {
-                    throw BLEFailure(error)
+                    return nil
                 } catch {
-                    throw BLEFailure("\(error)", code: ExitCode.failure)
+                    return BLEFailure(error)
                 }
-            } catch {
-                await peripheral.disconnect()
-                throw BLEFailure(error)
             }
             await peripheral.disconnect()
+            if let failure { throw failure }
             return ExitCode.success
         }
     }

@@ -184,6 +184,24 @@ private func json(_ text: String) throws -> Any {
             #expect(object["heart_rate_bpm"] is Int)
         }
     }
+
+    @Test func notifyStopsAndDisconnectsOnInterrupt() async throws {
+        let sim = try await demo()
+        defer { stopInBackground(sim) }
+        let environment = sim.environment
+        let child = try ChildProcess(
+            executable: Fixtures.executable("blebridge"), arguments: ["notify", enviro, "temperature"],
+            environment: environment)
+        _ = try await offPool { try child.waitForOutput(timeout: 10) { $0.contains("temperature_c") } }
+        child.signal(SIGINT)
+        let status = try await offPool { try child.waitForExit(timeout: 10) }
+        #expect(status == 0, "stderr: \(child.stderr)")
+        // The tool disconnected before exiting: the simulator has no connected device left.
+        let counters = try await offPool { try sim.control("GetCounters") }
+        let connected = counters.range(of: #"devices_connected"\s+variant\s+int64 (\d+)"#, options: .regularExpression)
+            .map { String(counters[$0]).split(separator: " ").last.map(String.init) ?? "" }
+        #expect(connected == "0", "counters: \(counters)")
+    }
 }
 
 @Suite struct BLEErrorTests {
