@@ -188,8 +188,13 @@ struct BLESession {
                 return first
             }
             await discovery.stop()
-            if let found, let current = client.device(atPath: found.path) { return current }
-            if let found { return found }
+            if let found {
+                if let current = client.device(atPath: found.path) { return current }
+                // BlueZ removes temporary devices that are not connectable as soon as scanning stops.
+                throw BLEFailure(
+                    "device \(found.label): BlueZ dropped it when scanning stopped, so it is not connectable "
+                        + "(it only broadcasts; 'blebridge scan' shows its advertisements)", code: ExitCode.unavailable)
+            }
         } catch {
             throw BLEFailure(error)
         }

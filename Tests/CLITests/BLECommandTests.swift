@@ -220,6 +220,9 @@ private func json(_ text: String) throws -> Any {
             denied.stderr
                 == "blebridge write: device Polar H10 4F2C11 (\(polar)): write 2A38 failed: not permitted: org.bluez.Error.NotPermitted Write not permitted\n"
         )
+        let broadcaster = try await blebridge(sim, ["explore", ruuvi])
+        #expect(broadcaster.status == 69)
+        #expect(broadcaster.stderr.contains("device Ruuvi 884F (\(ruuvi)): BlueZ dropped it when scanning stopped"))
         let badAddress = try await blebridge(sim, ["read", "nonsense", "2A19"])
         #expect(badAddress.status == 64)
     }
