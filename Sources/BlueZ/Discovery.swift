@@ -212,6 +212,21 @@ public final class BlueZDiscovery: Sendable {
     /// Number of times the watchdog or a bluetoothd restart restarted this discovery.
     public var restartCount: Int { state.withLock { $0.restarts } }
 
+    /// Passive when asked for, offered by the adapter, and there is a pattern; else active, with the reason.
+    static func scanMode(adapter: BlueZAdapter, filter: BlueZDiscoveryFilter) -> (BlueZScanMode, String?) {
+        guard filter.passive else { return (.active, nil) }
+        if !adapter.supportsAdvertisementMonitor {
+            return (
+                .active,
+                "adapter \(adapter.name) has no AdvertisementMonitorManager1 (bluetoothd needs --experimental)"
+            )
+        }
+        if filter.effectivePatterns.isEmpty {
+            return (.active, "passive scanning needs at least one pattern or service UUID")
+        }
+        return (.passive, nil)
+    }
+
     // MARK: starting and stopping
 
     func begin() async throws(BlueZError) {
@@ -508,19 +523,8 @@ extension BlueZClient {
         guard current.powered else {
             throw .adapterUnavailable(adapter: adapter.name, reason: "powered off (try 'bluetoothctl power on')")
         }
-        var mode = BlueZScanMode.active
-        var reason: String?
-        if filter.passive {
-            if !current.supportsAdvertisementMonitor {
-                reason =
-                    "adapter \(adapter.name) has no AdvertisementMonitorManager1 (bluetoothd needs --experimental)"
-            } else if filter.effectivePatterns.isEmpty {
-                reason = "passive scanning needs at least one pattern or service UUID"
-            } else {
-                mode = .passive
-            }
-            if let reason { logger.warning("passive scanning unavailable: \(reason); using active scanning") }
-        }
+        let (mode, reason) = BlueZDiscovery.scanMode(adapter: current, filter: filter)
+        if let reason { logger.warning("passive scanning unavailable: \(reason); using active scanning") }
         let connection = try Self.openConnection(bus)
         let discovery = BlueZDiscovery(
             client: self, adapter: current, filter: filter, mode: mode, fallbackReason: reason,

@@ -222,6 +222,18 @@ private func baseTree() -> BlueZObjectTree {
         #expect(long.effectivePatterns.first?.content.count == 16)
     }
 
+    @Test func passiveFallsBackWithoutAMonitorManager() {
+        var adapter = baseTree().adapters[0]
+        #expect(!adapter.supportsAdvertisementMonitor)
+        let passive = BlueZDiscoveryFilter(serviceUUIDs: ["FCD2"], passive: true)
+        let (mode, reason) = BlueZDiscovery.scanMode(adapter: adapter, filter: passive)
+        #expect(mode == .active)
+        #expect(reason == "adapter hci0 has no AdvertisementMonitorManager1 (bluetoothd needs --experimental)")
+        adapter.supportsAdvertisementMonitor = true
+        #expect(BlueZDiscovery.scanMode(adapter: adapter, filter: passive) == (.passive, nil))
+        #expect(BlueZDiscovery.scanMode(adapter: adapter, filter: BlueZDiscoveryFilter()) == (.active, nil))
+    }
+
     @Test func clientSideFilter() {
         let tree = baseTree()
         let d = tree.device(at: dev)!
