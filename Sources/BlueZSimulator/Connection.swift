@@ -4,7 +4,8 @@ import DBus
 extension BlueZSimulator {
     /// Takes one fault of `kind` (decrementing its count).
     func takeFault(_ d: SimDevice, _ kinds: Set<SimFault.Kind>, uuid: SimUUID? = nil) -> SimFault? {
-        guard let i = d.faults.firstIndex(where: { kinds.contains($0.kind) && ($0.uuid == nil || $0.uuid == uuid) }) else {
+        guard let i = d.faults.firstIndex(where: { kinds.contains($0.kind) && ($0.uuid == nil || $0.uuid == uuid) })
+        else {
             return nil
         }
         let fault = d.faults[i]
@@ -174,14 +175,17 @@ extension BlueZSimulator {
             server.setProperty(at: d.path, interface: iface, "ServicesResolved", .boolean(false))
         }
         d.servicesResolved = false
-        server.emitSignal(path: d.path, interface: iface, name: "Disconnected",
-                          arguments: [.string(reason.0), .string(reason.1)])
+        server.emitSignal(
+            path: d.path, interface: iface, name: "Disconnected",
+            arguments: [.string(reason.0), .string(reason.1)])
         server.setProperty(at: d.path, interface: iface, "Connected", .boolean(false))
         server.flush()
         d.link = .disconnected
         count("disconnects")
         if !scenario.gattCache { unexportGATT(d) }
-        if d.temporary { scheduleExpiry(d) } else if isPrivateRandomAddress(d.spec.address, type: d.spec.addressType) {
+        if d.temporary {
+            scheduleExpiry(d)
+        } else if isPrivateRandomAddress(d.spec.address, type: d.spec.addressType) {
             scheduleExpiry(d)
         }
     }

@@ -24,30 +24,42 @@ extension BlueZSimulator {
         DBusInterfaceSpec(
             Self.controlInterfaceName,
             methods: [
-                DBusMethodSpec("AddPeripheral", in: "s", out: "o", argumentNames: ["peripheral"], resultNames: ["device"],
-                               handler: onQueue { $0.addPeripheral($1) }),
-                DBusMethodSpec("RemovePeripheral", in: "s", argumentNames: ["address"],
-                               handler: onQueue { $0.removePeripheral($1) }),
-                DBusMethodSpec("SetAdvertisement", in: "ss", argumentNames: ["address", "changes"],
-                               handler: onQueue { $0.setAdvertisement($1) }),
-                DBusMethodSpec("PushNotification", in: "ssay", argumentNames: ["address", "uuid", "value"],
-                               handler: onQueue { $0.pushNotification($1) }),
-                DBusMethodSpec("SetNotificationRate", in: "ssd", argumentNames: ["address", "uuid", "hz"],
-                               handler: onQueue { $0.setNotificationRate($1) }),
-                DBusMethodSpec("InjectFault", in: "sss", argumentNames: ["address", "fault", "options"],
-                               handler: onQueue { $0.injectFault($1) }),
-                DBusMethodSpec("ClearFaults", in: "s", argumentNames: ["address"],
-                               handler: onQueue { $0.clearFaults($1) }),
-                DBusMethodSpec("Disconnect", in: "ss", argumentNames: ["address", "reason"],
-                               handler: onQueue { $0.remoteDisconnect($1) }),
-                DBusMethodSpec("RestartDaemon", in: "d", argumentNames: ["seconds"],
-                               handler: onQueue { $0.restartDaemon($1) }),
-                DBusMethodSpec("GetWrites", in: "s", out: "a(says)", argumentNames: ["address"],
-                               resultNames: ["writes"], handler: onQueue { $0.getWrites($1) }),
-                DBusMethodSpec("GetCounters", out: "a{sv}", resultNames: ["counters"],
-                               handler: onQueue { $0.getCounters($1) }),
-                DBusMethodSpec("Burst", in: "ssu", out: "u", argumentNames: ["address", "uuid", "count"],
-                               resultNames: ["sent"], handler: onQueue { $0.burst($1) }),
+                DBusMethodSpec(
+                    "AddPeripheral", in: "s", out: "o", argumentNames: ["peripheral"], resultNames: ["device"],
+                    handler: onQueue { $0.addPeripheral($1) }),
+                DBusMethodSpec(
+                    "RemovePeripheral", in: "s", argumentNames: ["address"],
+                    handler: onQueue { $0.removePeripheral($1) }),
+                DBusMethodSpec(
+                    "SetAdvertisement", in: "ss", argumentNames: ["address", "changes"],
+                    handler: onQueue { $0.setAdvertisement($1) }),
+                DBusMethodSpec(
+                    "PushNotification", in: "ssay", argumentNames: ["address", "uuid", "value"],
+                    handler: onQueue { $0.pushNotification($1) }),
+                DBusMethodSpec(
+                    "SetNotificationRate", in: "ssd", argumentNames: ["address", "uuid", "hz"],
+                    handler: onQueue { $0.setNotificationRate($1) }),
+                DBusMethodSpec(
+                    "InjectFault", in: "sss", argumentNames: ["address", "fault", "options"],
+                    handler: onQueue { $0.injectFault($1) }),
+                DBusMethodSpec(
+                    "ClearFaults", in: "s", argumentNames: ["address"],
+                    handler: onQueue { $0.clearFaults($1) }),
+                DBusMethodSpec(
+                    "Disconnect", in: "ss", argumentNames: ["address", "reason"],
+                    handler: onQueue { $0.remoteDisconnect($1) }),
+                DBusMethodSpec(
+                    "RestartDaemon", in: "d", argumentNames: ["seconds"],
+                    handler: onQueue { $0.restartDaemon($1) }),
+                DBusMethodSpec(
+                    "GetWrites", in: "s", out: "a(says)", argumentNames: ["address"],
+                    resultNames: ["writes"], handler: onQueue { $0.getWrites($1) }),
+                DBusMethodSpec(
+                    "GetCounters", out: "a{sv}", resultNames: ["counters"],
+                    handler: onQueue { $0.getCounters($1) }),
+                DBusMethodSpec(
+                    "Burst", in: "ssu", out: "u", argumentNames: ["address", "uuid", "count"],
+                    resultNames: ["sent"], handler: onQueue { $0.burst($1) }),
             ])
     }
 
@@ -128,7 +140,9 @@ extension BlueZSimulator {
             ]
             for entry in entries {
                 guard allowed.contains(entry.key) else {
-                    throw ScenarioError(path: entry.key, reason: "cannot be changed (changeable: \(allowed.sorted().joined(separator: ", ")))")
+                    throw ScenarioError(
+                        path: entry.key,
+                        reason: "cannot be changed (changeable: \(allowed.sorted().joined(separator: ", ")))")
                 }
                 merged.append(entry)
             }
@@ -195,7 +209,8 @@ extension BlueZSimulator {
         }
         do {
             let options = try YAMLParser.parse(text)
-            let m = try ScenarioReader.mapping(options, "options", allowed: ["count", "uuid", "att", "error", "message"])
+            let m = try ScenarioReader.mapping(
+                options, "options", allowed: ["count", "uuid", "att", "error", "message"])
             var fault = SimFault(
                 kind: kind, remaining: try ScenarioReader.int(m["count"], "options.count", range: 0...1_000_000) ?? 1,
                 uuid: m["uuid"] == nil ? nil : try ScenarioReader.uuid(m["uuid"], "options.uuid"),
@@ -204,7 +219,8 @@ extension BlueZSimulator {
             case .inProgress:
                 (fault.errorName, fault.errorMessage) = ("org.bluez.Error.InProgress", "In Progress")
             case .connectFailed:
-                fault.errorMessage = try ScenarioReader.string(m["message"], "options.message") ?? "le-connection-abort-by-remote"
+                fault.errorMessage =
+                    try ScenarioReader.string(m["message"], "options.message") ?? "le-connection-abort-by-remote"
             case .readError, .writeError:
                 if let error = try ScenarioReader.string(m["error"], "options.error") {
                     fault.errorName = error.contains(".") ? error : "org.bluez.Error." + error
@@ -236,11 +252,14 @@ extension BlueZSimulator {
         guard call.arguments.count == 2, let text = call.arguments[1].string else {
             return call.reply.fail(Self.invalidArguments)
         }
-        let reason = Self.reasons[text.lowercased()]
+        let reason =
+            Self.reasons[text.lowercased()]
             ?? Self.reasons.values.first { $0.0 == text }
         guard let reason else {
             return call.reply.fail(
-                Self.bluezError("InvalidArguments", "unknown reason \"\(text)\" (known: \(Self.reasons.keys.sorted().joined(separator: ", ")))"))
+                Self.bluezError(
+                    "InvalidArguments",
+                    "unknown reason \"\(text)\" (known: \(Self.reasons.keys.sorted().joined(separator: ", ")))"))
         }
         guard d.isConnected else { return call.reply.fail(Self.notConnectedFailed) }
         count("remote_disconnects")
@@ -253,35 +272,33 @@ extension BlueZSimulator {
             return call.reply.fail(Self.invalidArguments)
         }
         count("restarts")
-        let counters = self.counters
-        restarting = true
         call.reply.succeed()
-        let connection = self.connection
         // Let the reply leave before the connection (and with it org.bluez and every object) goes away.
-        queue.asyncAfter(deadline: simDeadline(0.05)) { [weak self] in
+        after(0.05) { [weak self] in
             guard let self else { return }
-            self.epoch += 1
             self.tearDownDevices()
+            let connection = self.loop.withLock { l -> DBusConnection? in
+                l.epoch += 1
+                l.restarting = true
+                let c = l.connection
+                l.connection = nil
+                l.server = nil
+                l.controlServer = nil
+                return c
+            }
             connection?.close()
-            self.connection = nil
-            self.server = nil
-            self.controlServer = nil
             self.queue.asyncAfter(deadline: simDeadline(seconds)) { [weak self] in
                 Task { [weak self] in
                     guard let self else { return }
-                    do {
-                        try await self.start()
-                        self.queue.async { self.counters = counters }
-                    } catch {
+                    do { try await self.start() } catch {
                         printError("bluez-sim: restart failed: \(error)")
-                        self.markLostFromRestart()
+                        self.stop()
                     }
                 }
             }
         }
     }
 
-    func markLostFromRestart() { stop() }
 
     func getWrites(_ call: DBusMethodCall) {
         guard let d = controlDevice(call) else { return }
@@ -302,7 +319,9 @@ extension BlueZSimulator {
     /// Sends `count` notifications as fast as possible; each value is its 4-byte little-endian sequence number.
     func burst(_ call: DBusMethodCall) {
         guard let (d, c) = controlCharacteristic(call) else { return }
-        guard call.arguments.count == 3, let n = call.arguments[2].uint32 else { return call.reply.fail(Self.invalidArguments) }
+        guard call.arguments.count == 3, let n = call.arguments[2].uint32 else {
+            return call.reply.fail(Self.invalidArguments)
+        }
         guard d.isConnected, c.isSubscribed else {
             return call.reply.fail(Self.bluezError("Failed", "not connected or not subscribed"))
         }

@@ -52,7 +52,9 @@ extension BlueZSimulator {
     func setDiscoveryFilter(_ call: DBusMethodCall) {
         guard let a = adapters.first(where: { $0.path == call.path }) else { return call.reply.fail(Self.doesNotExist) }
         guard a.powered else { return call.reply.fail(Self.notReady) }
-        guard let entries = call.arguments.first?.dictionaryEntries else { return call.reply.fail(Self.invalidArguments) }
+        guard let entries = call.arguments.first?.dictionaryEntries else {
+            return call.reply.fail(Self.invalidArguments)
+        }
         if entries.isEmpty {
             a.filters[call.sender] = nil
             return call.reply.succeed()
@@ -147,8 +149,11 @@ extension BlueZSimulator {
         let adv = d.nextAdvertisement(now: monotonicSeconds())
         let sessions = a.sessions.map { a.filters[$0] }
         var passes = sessions.contains { f in
-            f.map { $0.matches(name: adv.name, address: d.spec.address, rssi: adv.rssi, txPower: adv.txPower,
-                               uuids: adv.uuids + adv.serviceData.map(\.0)) } ?? true
+            f.map {
+                $0.matches(
+                    name: adv.name, address: d.spec.address, rssi: adv.rssi, txPower: adv.txPower,
+                    uuids: adv.uuids + adv.serviceData.map(\.0))
+            } ?? true
         }
         let structures = monitors.isEmpty ? [] : advertisingStructures(adv, connectable: d.spec.connectable)
         let matchingMonitors = monitors.filter { m in m.patterns.contains { $0.matches(structures) } }
@@ -157,8 +162,9 @@ extension BlueZSimulator {
         if !passes { return }
         let anyRSSIFilter = sessions.contains { $0?.rssi != nil || $0?.pathloss != nil }
         let duplicate = sessions.contains { $0?.duplicateData == true }
-        let changed = d.adv.apply(adv, rssiThreshold: anyRSSIFilter ? 0 : 8, duplicateData: duplicate,
-                                  servicesResolved: d.servicesResolved)
+        let changed = d.adv.apply(
+            adv, rssiThreshold: anyRSSIFilter ? 0 : 8, duplicateData: duplicate,
+            servicesResolved: d.servicesResolved)
         if a.discovering { d.seenInDiscovery = true }
         if !d.exported {
             exportDevice(d)
@@ -173,7 +179,8 @@ extension BlueZSimulator {
                     server.setProperty(at: d.path, interface: iface, "Name", .string(d.adv.name ?? ""))
                     server.setProperty(at: d.path, interface: iface, "Alias", .string(d.adv.name ?? ""))
                 case "ManufacturerData":
-                    server.setProperty(at: d.path, interface: iface, name, Self.manufacturerValue(d.adv.manufacturerData))
+                    server.setProperty(
+                        at: d.path, interface: iface, name, Self.manufacturerValue(d.adv.manufacturerData))
                 case "ServiceData":
                     server.setProperty(at: d.path, interface: iface, name, Self.serviceDataValue(d.adv.serviceData))
                 case "UUIDs": server.setProperty(at: d.path, interface: iface, name, .stringArray(d.adv.uuids))
@@ -280,7 +287,7 @@ extension BlueZSimulator {
                     method: "GetManagedObjects", timeout: .seconds(5))
             } catch {
                 if let strong = self {
-                    strong.queue.async { strong.monitorApps.removeAll { $0.owner == sender && $0.root == root } }
+                    strong.onLoop(epoch: epoch) { strong.monitorApps.removeAll { $0.owner == sender && $0.root == root } }
                 }
                 call.reply.fail(Self.bluezError("Failed", "Failed to get managed objects"))
                 return
@@ -299,11 +306,11 @@ extension BlueZSimulator {
                         let ifaces = message.body[1].dictionaryEntries
                     else { continue }
                     let more = Self.monitors(at: path, interfaces: ifaces, owner: sender, root: root)
-                    let stillRegistered = self.queue.sync {
-                        self.epoch == epoch && self.monitorApps.contains { $0.owner == sender && $0.root == root }
+                    guard self.epoch == epoch else { return }
+                    self.onLoop(epoch: epoch) {
+                        guard self.monitorApps.contains(where: { $0.owner == sender && $0.root == root }) else { return }
+                        self.addMonitors(more, adapter: a)
                     }
-                    guard stillRegistered else { return }
-                    self.queue.async { self.addMonitors(more, adapter: a) }
                 }
             }
         }

@@ -48,18 +48,24 @@ public struct SimGATTLayout: Sendable, Equatable {
                 var cccd: Int?
                 if c.flags.contains("notify") || c.flags.contains("indicate") {
                     cccd = 0
-                    descs.append(Descriptor(handle: handle, uuid: SimUUID("2902")!, value: [0, 0],
-                                            pathSuffix: cp + "/desc" + hex4(handle)))
+                    descs.append(
+                        Descriptor(
+                            handle: handle, uuid: SimUUID("2902")!, value: [0, 0],
+                            pathSuffix: cp + "/desc" + hex4(handle)))
                     handle &+= 1
                 }
                 for d in c.descriptors {
-                    descs.append(Descriptor(handle: handle, uuid: d.uuid, value: d.value, pathSuffix: cp + "/desc" + hex4(handle)))
+                    descs.append(
+                        Descriptor(
+                            handle: handle, uuid: d.uuid, value: d.value, pathSuffix: cp + "/desc" + hex4(handle)))
                     handle &+= 1
                 }
                 chars.append(Characteristic(handle: ch, spec: c, descriptors: descs, pathSuffix: cp, cccdIndex: cccd))
             }
-            services.append(Service(handle: sh, endHandle: handle &- 1, uuid: s.uuid, primary: s.primary,
-                                    characteristics: chars, pathSuffix: sp))
+            services.append(
+                Service(
+                    handle: sh, endHandle: handle &- 1, uuid: s.uuid, primary: s.primary,
+                    characteristics: chars, pathSuffix: sp))
         }
     }
 }
@@ -140,7 +146,9 @@ public struct SimAdvertisementState: Sendable, Equatable {
         -> Set<String>
     {
         var changed: Set<String> = []
-        if rssi == nil || abs((rssi ?? 0) - adv.rssi) >= max(rssiThreshold, 1) || (rssiThreshold == 0 && rssi != adv.rssi) {
+        if rssi == nil || abs((rssi ?? 0) - adv.rssi) >= max(rssiThreshold, 1)
+            || (rssiThreshold == 0 && rssi != adv.rssi)
+        {
             rssi = adv.rssi
             changed.insert("RSSI")
         }

@@ -18,7 +18,8 @@ extension BlueZSimulator {
     func descriptor(at path: DBusObjectPath) -> (SimDevice, SimCharacteristic, Int)? {
         for d in devices where path.rawValue.hasPrefix(d.path.rawValue + "/") {
             for c in d.characteristics {
-                if let i = c.layout.descriptors.firstIndex(where: { d.path.rawValue + $0.pathSuffix == path.rawValue }) {
+                if let i = c.layout.descriptors.firstIndex(where: { d.path.rawValue + $0.pathSuffix == path.rawValue })
+                {
                     return (d, c, i)
                 }
             }
@@ -65,7 +66,8 @@ extension BlueZSimulator {
             return call.reply.fail(DBusError(name: e.name, message: e.message))
         }
         let value = Array(c.stored[offset...])
-        server?.setProperty(at: c.path, interface: Self.characteristicInterfaceName, "Value", .bytes(value), flush: true)
+        server?.setProperty(
+            at: c.path, interface: Self.characteristicInterfaceName, "Value", .bytes(value), flush: true)
         call.reply.succeed([.bytes(value)])
     }
 
@@ -94,7 +96,9 @@ extension BlueZSimulator {
         case "request", "reliable":
             type = "request"
         case "command":
-            guard flags.contains("write-without-response"), offset == 0 else { return call.reply.fail(Self.notSupported) }
+            guard flags.contains("write-without-response"), offset == 0 else {
+                return call.reply.fail(Self.notSupported)
+            }
             type = "command"
         default:
             return call.reply.fail(Self.notSupported)
@@ -142,7 +146,9 @@ extension BlueZSimulator {
             let on: UInt8 = c.isSubscribed ? (c.layout.spec.flags.contains("notify") ? 1 : 2) : 0
             value = [on, 0]
         }
-        guard offset <= value.count else { return call.reply.fail(Self.bluezError("InvalidArguments", "Invalid offset")) }
+        guard offset <= value.count else {
+            return call.reply.fail(Self.bluezError("InvalidArguments", "Invalid offset"))
+        }
         let result = Array(value[offset...])
         count("reads")
         server?.setProperty(
@@ -159,7 +165,9 @@ extension BlueZSimulator {
             return call.reply.fail(Self.invalidArguments)
         }
         guard d.isConnected else { return call.reply.fail(Self.notConnectedFailed) }
-        guard c.layout.cccdIndex != i else { return call.reply.fail(Self.bluezError("NotPermitted", "Write not permitted")) }
+        guard c.layout.cccdIndex != i else {
+            return call.reply.fail(Self.bluezError("NotPermitted", "Write not permitted"))
+        }
         if let short = c.serviceUUID.short16, Self.claimedServices.contains(short) {
             return call.reply.fail(Self.bluezError("NotAuthorized", "Operation Not Authorized"))
         }
@@ -217,16 +225,22 @@ extension BlueZSimulator {
         guard let (d, c) = characteristic(at: call.path) else {
             return call.reply.fail(DBusError(name: DBusError.unknownObject, message: "Unknown object"))
         }
-        guard call.arguments.first?.stringVariantDictionary != nil else { return call.reply.fail(Self.invalidArguments) }
+        guard call.arguments.first?.stringVariantDictionary != nil else {
+            return call.reply.fail(Self.invalidArguments)
+        }
         guard d.isConnected else { return call.reply.fail(Self.notConnectedFailed) }
         let flags = c.layout.spec.flags
         if notify {
             guard c.canNotify else { return call.reply.fail(Self.notSupported) }
-            guard c.notifySocket == nil else { return call.reply.fail(Self.bluezError("NotPermitted", "Notify acquired")) }
+            guard c.notifySocket == nil else {
+                return call.reply.fail(Self.bluezError("NotPermitted", "Notify acquired"))
+            }
             guard c.sessions.isEmpty else { return call.reply.fail(Self.inProgress) }
         } else {
             guard flags.contains("write-without-response") else { return call.reply.fail(Self.notSupported) }
-            guard c.writeSocket == nil else { return call.reply.fail(Self.bluezError("NotPermitted", "Write acquired")) }
+            guard c.writeSocket == nil else {
+                return call.reply.fail(Self.bluezError("NotPermitted", "Write acquired"))
+            }
             if let short = c.serviceUUID.short16, Self.claimedServices.contains(short) {
                 return call.reply.fail(Self.bluezError("NotAuthorized", "Operation Not Authorized"))
             }
@@ -237,9 +251,25 @@ extension BlueZSimulator {
         let socket = SimSocket(fd: mine)
         let source = DispatchSource.makeReadSource(fileDescriptor: mine, queue: queue)
         let epoch = self.epoch
-        source.setEventHandler { [weak self, weak socket] in
-            guard let self, let socket, self.epoch == epoch else { return }
-            self.socketReadable(d, c, socket, notify: notify)
+        // Datagrams are read on the timer queue (so the source does not fire again and again) and applied on the loop.
+        source.setEventHandler { [weak self, weak socket, source] in
+            var datagrams: [[UInt8]] = []
+            var eof = false
+            reading: while true {
+                switch readDatagram(mine) {
+                case .datagram(let bytes): datagrams.append(bytes)
+                case .none: break reading
+                case .eof:
+                    eof = true
+                    break reading
+                }
+            }
+            if eof { source.cancel() }
+            guard let self, let socket else { return }
+            let (received, closed) = (datagrams, eof)
+            self.onLoop(epoch: epoch) {
+                self.socketEvents(d, c, socket, notify: notify, datagrams: received, eof: closed)
+            }
         }
         source.setCancelHandler { _ = closeFD(mine) }
         socket.source = source
@@ -259,21 +289,16 @@ extension BlueZSimulator {
         if notify { updateGenerator(d, c) }
     }
 
-    func socketReadable(_ d: SimDevice, _ c: SimCharacteristic, _ socket: SimSocket, notify: Bool) {
-        while true {
-            switch readDatagram(socket.fd) {
-            case .datagram(let bytes):
-                // Datagrams on the write socket are Write Without Response; on the notify socket they are ignored.
-                if !notify, c.writeSocket === socket, d.isConnected {
-                    received(d, c, value: bytes, offset: 0, type: "command")
-                }
-            case .none:
-                return
-            case .eof:
-                if notify, c.notifySocket === socket { releaseNotifySocket(d, c) }
-                if !notify, c.writeSocket === socket { releaseWriteSocket(d, c) }
-                return
-            }
+    func socketEvents(_ d: SimDevice, _ c: SimCharacteristic, _ socket: SimSocket, notify: Bool, datagrams: [[UInt8]],
+                      eof: Bool)
+    {
+        // Datagrams on the write socket are Write Without Response; on the notify socket they are ignored.
+        if !notify, c.writeSocket === socket, d.isConnected {
+            for bytes in datagrams { received(d, c, value: bytes, offset: 0, type: "command") }
+        }
+        if eof {
+            if notify, c.notifySocket === socket { releaseNotifySocket(d, c) }
+            if !notify, c.writeSocket === socket { releaseWriteSocket(d, c) }
         }
     }
 
@@ -316,7 +341,8 @@ extension BlueZSimulator {
 
     /// Runs the characteristic's generator while it is subscribed and the device connected.
     func updateGenerator(_ d: SimDevice, _ c: SimCharacteristic) {
-        let active = d.isConnected && d.servicesResolved && c.isSubscribed && c.rateHz > 0 && c.layout.spec.notify != nil
+        let active =
+            d.isConnected && d.servicesResolved && c.isSubscribed && c.rateHz > 0 && c.layout.spec.notify != nil
         if !active {
             c.timer?.cancel()
             c.timer = nil
@@ -324,14 +350,18 @@ extension BlueZSimulator {
         }
         guard c.timer == nil, let generator = c.layout.spec.notify else { return }
         let timer = DispatchSource.makeTimerSource(queue: queue)
+        c.timerGeneration += 1
+        let generation = c.timerGeneration
         let interval = 1.0 / c.rateHz
         let epoch = self.epoch
         timer.schedule(deadline: .now() + interval, repeating: interval, leeway: .milliseconds(1))
         timer.setEventHandler { [weak self] in
-            guard let self, self.epoch == epoch else { return }
-            let value = generator.value(c.notifyIndex)
-            c.notifyIndex += 1
-            self.notify(d, c, value)
+            self?.onLoop(epoch: epoch) { [weak self] in
+                guard let self, c.timer != nil, c.timerGeneration == generation else { return }
+                let value = generator.value(c.notifyIndex)
+                c.notifyIndex += 1
+                self.notify(d, c, value)
+            }
         }
         c.timer = timer
         timer.resume()

@@ -1,7 +1,7 @@
-// Runtime state of the simulated world. Every object here is confined to the simulator's serial queue
-// (`BlueZSimulator.queue`); that confinement is what makes the `@unchecked Sendable` conformances sound.
-import Dispatch
 import DBus
+// Runtime state of the simulated world. Every object here is confined to the simulator's loop (the D-Bus
+// connection's dispatch thread, see `BlueZSimulator`); that confinement makes the `@unchecked Sendable` sound.
+import Dispatch
 
 /// A fault injected through the control interface.
 struct SimFault: Sendable {
@@ -35,14 +35,8 @@ final class SimSocket: @unchecked Sendable {
     let fd: Int32
     var source: DispatchSourceRead?
     init(fd: Int32) { self.fd = fd }
-    func close() {
-        if let source {
-            self.source = nil
-            source.cancel()  // the cancel handler closes the fd
-        } else {
-            _ = closeFD(fd)
-        }
-    }
+    /// Cancels the read source; its cancel handler closes the fd (cancelling twice is harmless).
+    func close() { source?.cancel() }
 }
 
 /// A characteristic at run time.
@@ -61,6 +55,8 @@ final class SimCharacteristic: @unchecked Sendable {
     var notifyOwner: String?
     var writeSocket: SimSocket?
     var timer: DispatchSourceTimer?
+    /// Identifies the current timer, so ticks already queued from a cancelled one are dropped.
+    var timerGeneration = 0
     var notifyIndex = 0
     var rateHz: Double
 
@@ -138,7 +134,8 @@ final class SimDevice: @unchecked Sendable {
         let count = advertisementCount
         advertisementCount += 1
         return SimAdvertisementState.Advertisement(
-            rssi: max(-127, min(20, spec.rssi + random.jitter(spec.rssiJitter))), txPower: spec.txPower, name: spec.name,
+            rssi: max(-127, min(20, spec.rssi + random.jitter(spec.rssiJitter))), txPower: spec.txPower,
+            name: spec.name,
             manufacturerData: spec.manufacturerData.map { ($0.company, $0.data.value(at: t, count: count)) },
             serviceData: spec.serviceData.map { ($0.uuid, $0.data.value(at: t, count: count)) },
             uuids: spec.serviceUUIDs)

@@ -29,13 +29,15 @@ extension BlueZSimulator {
             methods: [
                 DBusMethodSpec("StartDiscovery", handler: onQueue { $0.startDiscovery($1) }),
                 DBusMethodSpec("StopDiscovery", handler: onQueue { $0.stopDiscovery($1) }),
-                DBusMethodSpec("SetDiscoveryFilter", in: "a{sv}", argumentNames: ["properties"],
-                               handler: onQueue { $0.setDiscoveryFilter($1) }),
+                DBusMethodSpec(
+                    "SetDiscoveryFilter", in: "a{sv}", argumentNames: ["properties"],
+                    handler: onQueue { $0.setDiscoveryFilter($1) }),
                 DBusMethodSpec("GetDiscoveryFilters", out: "as", resultNames: ["filters"]) { _ in
                     .reply([.stringArray(SimDiscoveryFilter.knownKeys.sorted())])
                 },
-                DBusMethodSpec("RemoveDevice", in: "o", argumentNames: ["device"],
-                               handler: onQueue { $0.removeDeviceCall($1) }),
+                DBusMethodSpec(
+                    "RemoveDevice", in: "o", argumentNames: ["device"],
+                    handler: onQueue { $0.removeDeviceCall($1) }),
                 DBusMethodSpec("ConnectDevice", in: "a{sv}", out: "o", argumentNames: ["properties"]) { _ in
                     .error(BlueZSimulator.notSupported)
                 },
@@ -55,10 +57,12 @@ extension BlueZSimulator {
             setHandler: { [weak self] name, value, _ in
                 guard let self else { return nil }
                 if name == "Powered", let on = value.bool {
-                    self.queue.async {
+                    // Set handlers run on the loop too.
+                    do {
                         a.powered = on
-                        self.server?.setProperty(at: a.path, interface: "org.bluez.Adapter1", "PowerState",
-                                                 .string(on ? "on" : "off"))
+                        self.server?.setProperty(
+                            at: a.path, interface: "org.bluez.Adapter1", "PowerState",
+                            .string(on ? "on" : "off"))
                     }
                 }
                 return nil
@@ -89,7 +93,8 @@ extension BlueZSimulator {
         let advertising = DBusInterfaceSpec(
             "org.bluez.LEAdvertisingManager1",
             methods: [
-                DBusMethodSpec("RegisterAdvertisement", in: "oa{sv}", argumentNames: ["advertisement", "options"]) { _ in
+                DBusMethodSpec("RegisterAdvertisement", in: "oa{sv}", argumentNames: ["advertisement", "options"]) {
+                    _ in
                     .error(BlueZSimulator.notSupported)
                 },
                 DBusMethodSpec("UnregisterAdvertisement", in: "o", argumentNames: ["service"]) { _ in
@@ -103,10 +108,12 @@ extension BlueZSimulator {
         let monitor = DBusInterfaceSpec(
             "org.bluez.AdvertisementMonitorManager1",
             methods: [
-                DBusMethodSpec("RegisterMonitor", in: "o", argumentNames: ["application"],
-                               handler: onQueue { $0.registerMonitor($1) }),
-                DBusMethodSpec("UnregisterMonitor", in: "o", argumentNames: ["application"],
-                               handler: onQueue { $0.unregisterMonitor($1) }),
+                DBusMethodSpec(
+                    "RegisterMonitor", in: "o", argumentNames: ["application"],
+                    handler: onQueue { $0.registerMonitor($1) }),
+                DBusMethodSpec(
+                    "UnregisterMonitor", in: "o", argumentNames: ["application"],
+                    handler: onQueue { $0.unregisterMonitor($1) }),
             ],
             properties: [DBusPropertySpec("SupportedMonitorTypes", "as"), DBusPropertySpec("SupportedFeatures", "as")])
         return [
@@ -247,14 +254,18 @@ extension BlueZSimulator {
         DBusInterfaceSpec(
             "org.bluez.GattCharacteristic1",
             methods: [
-                DBusMethodSpec("ReadValue", in: "a{sv}", out: "ay", argumentNames: ["options"], resultNames: ["value"],
-                               handler: onQueue { $0.readValue($1) }),
-                DBusMethodSpec("WriteValue", in: "aya{sv}", argumentNames: ["value", "options"],
-                               handler: onQueue { $0.writeValue($1) }),
-                DBusMethodSpec("AcquireWrite", in: "a{sv}", out: "hq", argumentNames: ["options"],
-                               resultNames: ["fd", "mtu"], handler: onQueue { $0.acquire($1, notify: false) }),
-                DBusMethodSpec("AcquireNotify", in: "a{sv}", out: "hq", argumentNames: ["options"],
-                               resultNames: ["fd", "mtu"], handler: onQueue { $0.acquire($1, notify: true) }),
+                DBusMethodSpec(
+                    "ReadValue", in: "a{sv}", out: "ay", argumentNames: ["options"], resultNames: ["value"],
+                    handler: onQueue { $0.readValue($1) }),
+                DBusMethodSpec(
+                    "WriteValue", in: "aya{sv}", argumentNames: ["value", "options"],
+                    handler: onQueue { $0.writeValue($1) }),
+                DBusMethodSpec(
+                    "AcquireWrite", in: "a{sv}", out: "hq", argumentNames: ["options"],
+                    resultNames: ["fd", "mtu"], handler: onQueue { $0.acquire($1, notify: false) }),
+                DBusMethodSpec(
+                    "AcquireNotify", in: "a{sv}", out: "hq", argumentNames: ["options"],
+                    resultNames: ["fd", "mtu"], handler: onQueue { $0.acquire($1, notify: true) }),
                 DBusMethodSpec("StartNotify", handler: onQueue { $0.startNotify($1) }),
                 DBusMethodSpec("StopNotify", handler: onQueue { $0.stopNotify($1) }),
             ],
@@ -270,10 +281,12 @@ extension BlueZSimulator {
         DBusInterfaceSpec(
             "org.bluez.GattDescriptor1",
             methods: [
-                DBusMethodSpec("ReadValue", in: "a{sv}", out: "ay", argumentNames: ["options"], resultNames: ["value"],
-                               handler: onQueue { $0.readDescriptor($1) }),
-                DBusMethodSpec("WriteValue", in: "aya{sv}", argumentNames: ["value", "options"],
-                               handler: onQueue { $0.writeDescriptor($1) }),
+                DBusMethodSpec(
+                    "ReadValue", in: "a{sv}", out: "ay", argumentNames: ["options"], resultNames: ["value"],
+                    handler: onQueue { $0.readDescriptor($1) }),
+                DBusMethodSpec(
+                    "WriteValue", in: "aya{sv}", argumentNames: ["value", "options"],
+                    handler: onQueue { $0.writeDescriptor($1) }),
             ],
             properties: [
                 DBusPropertySpec("Handle", "q"), DBusPropertySpec("UUID", "s"),

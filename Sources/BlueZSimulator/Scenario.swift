@@ -24,7 +24,7 @@ public struct SimUUID: Hashable, Sendable, CustomStringConvertible {
         var t = text.lowercased()
         if t.hasPrefix("0x") { t.removeFirst(2) }
         let hex = Set("0123456789abcdef")
-        if (t.count == 4 || t.count == 8), t.allSatisfy({ hex.contains($0) }) {
+        if t.count == 4 || t.count == 8, t.allSatisfy({ hex.contains($0) }) {
             string = String(repeating: "0", count: 8 - t.count) + t + "-0000-1000-8000-00805f9b34fb"
             return
         }
@@ -79,7 +79,7 @@ public struct SimNotifyGenerator: Sendable, Equatable {
         switch source {
         case .sequence(let values):
             return values.isEmpty ? [] : values[index % values.count]
-        case let .counter(start, step, size):
+        case .counter(let start, let step, let size):
             let v = start &+ step &* UInt64(index)
             return (0..<size).map { UInt8(truncatingIfNeeded: v >> (8 * UInt64($0))) }
         }
@@ -170,7 +170,8 @@ public struct Scenario: Sendable, Equatable {
     }
 
     /// Parses one peripheral (the control interface's AddPeripheral), with the scenario's adapters for checks.
-    public func parsePeripheral(_ text: String, path: String = "peripheral") throws(ScenarioError) -> SimPeripheralSpec {
+    public func parsePeripheral(_ text: String, path: String = "peripheral") throws(ScenarioError) -> SimPeripheralSpec
+    {
         let root: YAMLNode
         do { root = try YAMLParser.parse(text) } catch {
             throw ScenarioError(path: path, reason: "invalid YAML at \(error)")
@@ -188,7 +189,9 @@ enum ScenarioReader {
     typealias E = ScenarioError
 
     static func mapping(_ node: YAMLNode, _ path: String, allowed: Set<String>) throws(E) -> YAMLNode {
-        guard let entries = node.mapping else { throw E(path: path, reason: "expected a mapping, found \(node.kindDescription)") }
+        guard let entries = node.mapping else {
+            throw E(path: path, reason: "expected a mapping, found \(node.kindDescription)")
+        }
         for entry in entries where !allowed.contains(entry.key) {
             let known = allowed.sorted().joined(separator: ", ")
             throw E(path: join(path, entry.key), reason: "unknown key (known keys: \(known))")
@@ -200,7 +203,9 @@ enum ScenarioReader {
 
     static func list(_ node: YAMLNode?, _ path: String) throws(E) -> [YAMLNode] {
         guard let node, !node.isNull else { return [] }
-        guard let items = node.sequence else { throw E(path: path, reason: "expected a list, found \(node.kindDescription)") }
+        guard let items = node.sequence else {
+            throw E(path: path, reason: "expected a list, found \(node.kindDescription)")
+        }
         return items
     }
 
@@ -227,7 +232,9 @@ enum ScenarioReader {
 
     static func number(_ node: YAMLNode?, _ path: String, min: Double = 0, max: Double = 1e9) throws(E) -> Double? {
         guard let node, !node.isNull else { return nil }
-        guard let d = node.double, d.isFinite else { throw E(path: path, reason: "\(node.kindDescription) is not a number") }
+        guard let d = node.double, d.isFinite else {
+            throw E(path: path, reason: "\(node.kindDescription) is not a number")
+        }
         guard d >= min, d <= max else { throw E(path: path, reason: "\(d) is out of range \(min)...\(max)") }
         return d
     }
@@ -263,7 +270,9 @@ enum ScenarioReader {
         guard let node, !node.isNull else { return nil }
         if node.mapping != nil {
             let m = try mapping(node, path, allowed: ["text"])
-            guard let t = try string(m["text"], path + ".text") else { throw E(path: path + ".text", reason: "is required") }
+            guard let t = try string(m["text"], path + ".text") else {
+                throw E(path: path + ".text", reason: "is required")
+            }
             return Array(t.utf8)
         }
         if node.sequence != nil {
@@ -271,12 +280,16 @@ enum ScenarioReader {
         }
         guard let s = node.scalar else { return nil }
         let digits = s.filter { !" :-_\t".contains($0) }
-        guard digits.count % 2 == 0 else { throw E(path: path, reason: "\"\(s)\" is not hex bytes (odd number of digits)") }
+        guard digits.count % 2 == 0 else {
+            throw E(path: path, reason: "\"\(s)\" is not hex bytes (odd number of digits)")
+        }
         var out: [UInt8] = []
         var i = digits.startIndex
         while i < digits.endIndex {
             let j = digits.index(i, offsetBy: 2)
-            guard let b = UInt8(digits[i..<j], radix: 16) else { throw E(path: path, reason: "\"\(s)\" is not hex bytes") }
+            guard let b = UInt8(digits[i..<j], radix: 16) else {
+                throw E(path: path, reason: "\"\(s)\" is not hex bytes")
+            }
             out.append(b)
             i = j
         }
@@ -315,7 +328,9 @@ enum ScenarioReader {
             guard id.hasPrefix("hci"), Int(id.dropFirst(3)) != nil else {
                 throw E(path: path + ".id", reason: "\"\(id)\" is not an adapter name like hci0")
             }
-            if adapters.contains(where: { $0.id == id }) { throw E(path: path + ".id", reason: "duplicate adapter \"\(id)\"") }
+            if adapters.contains(where: { $0.id == id }) {
+                throw E(path: path + ".id", reason: "duplicate adapter \"\(id)\"")
+            }
             let address = a["address"] == nil ? "00:1A:7D:DA:71:1\(i % 10)" : try mac(a["address"], path + ".address")
             adapters.append(
                 SimAdapterSpec(
@@ -337,8 +352,9 @@ enum ScenarioReader {
             }
             peripherals.append(p)
         }
-        return Scenario(adapters: adapters, peripherals: peripherals, temporaryTimeout: temporaryTimeout, mtu: mtu,
-                        gattCache: cache)
+        return Scenario(
+            adapters: adapters, peripherals: peripherals, temporaryTimeout: temporaryTimeout, mtu: mtu,
+            gattCache: cache)
     }
 
     static let peripheralKeys: Set<String> = [
@@ -361,7 +377,8 @@ enum ScenarioReader {
             rssi: try int(p["rssi"], path + ".rssi", range: -127...20) ?? -60,
             rssiJitter: try int(p["rssi_jitter"], path + ".rssi_jitter", range: 0...60) ?? 0,
             txPower: try int(p["tx_power"], path + ".tx_power", range: -127...126),
-            advertisingInterval: try number(p["advertising_interval"], path + ".advertising_interval", min: 0.02, max: 10.24)
+            advertisingInterval: try number(
+                p["advertising_interval"], path + ".advertising_interval", min: 0.02, max: 10.24)
                 ?? 0.1,
             connectable: try bool(p["connectable"], path + ".connectable", default: true),
             advertising: try bool(p["advertising"], path + ".advertising", default: true),
@@ -391,7 +408,8 @@ enum ScenarioReader {
             let delays = try mapping(d, dp, allowed: ["connect", "services", "disconnect"])
             spec.connectDelay = try number(delays["connect"], dp + ".connect", max: 600) ?? spec.connectDelay
             spec.servicesDelay = try number(delays["services"], dp + ".services", max: 600) ?? spec.servicesDelay
-            spec.disconnectDelay = try number(delays["disconnect"], dp + ".disconnect", max: 600) ?? spec.disconnectDelay
+            spec.disconnectDelay =
+                try number(delays["disconnect"], dp + ".disconnect", max: 600) ?? spec.disconnectDelay
         }
         for (i, item) in try list(p["gatt"], path + ".gatt").enumerated() {
             spec.gatt.append(try service(item, "\(path).gatt[\(i)]"))
@@ -406,8 +424,9 @@ enum ScenarioReader {
         for (i, item) in try list(s["characteristics"], path + ".characteristics").enumerated() {
             chars.append(try characteristic(item, "\(path).characteristics[\(i)]"))
         }
-        return SimServiceSpec(uuid: try uuid(s["uuid"], path + ".uuid"),
-                              primary: try bool(s["primary"], path + ".primary", default: true), characteristics: chars)
+        return SimServiceSpec(
+            uuid: try uuid(s["uuid"], path + ".uuid"),
+            primary: try bool(s["primary"], path + ".primary", default: true), characteristics: chars)
     }
 
     /// BlueZ's client-side flag order.
@@ -423,8 +442,9 @@ enum ScenarioReader {
         var flags: [String] = []
         for (i, f) in try list(c["flags"], path + ".flags").enumerated() {
             guard let name = f.scalar, flagOrder.contains(name) else {
-                throw E(path: "\(path).flags[\(i)]",
-                        reason: "\(f.kindDescription) is not a flag (one of \(flagOrder.joined(separator: ", ")))")
+                throw E(
+                    path: "\(path).flags[\(i)]",
+                    reason: "\(f.kindDescription) is not a flag (one of \(flagOrder.joined(separator: ", ")))")
             }
             flags.append(name)
         }
@@ -471,7 +491,8 @@ enum ScenarioReader {
                 let step = try int(cm["step"], cp + ".step", range: 0...Int.max) ?? 1
                 let size = try int(cm["size"], cp + ".size", range: 1...8) ?? 1
                 if m["sequence"] != nil { throw E(path: np, reason: "has both `sequence` and `counter`; give one") }
-                notify = SimNotifyGenerator(source: .counter(start: UInt64(start), step: UInt64(step), size: size), rateHz: rate)
+                notify = SimNotifyGenerator(
+                    source: .counter(start: UInt64(start), step: UInt64(step), size: size), rateHz: rate)
             } else {
                 var values: [[UInt8]] = []
                 for (i, item) in try list(m["sequence"], np + ".sequence").enumerated() {
@@ -487,11 +508,13 @@ enum ScenarioReader {
             let m = try mapping(w, wp, allowed: ["echo_to"])
             if m["echo_to"] != nil { echo = try uuid(m["echo_to"], wp + ".echo_to") }
             guard flags.contains("write") || flags.contains("write-without-response") else {
-                throw E(path: wp, reason: "the characteristic has neither the write nor the write-without-response flag")
+                throw E(
+                    path: wp, reason: "the characteristic has neither the write nor the write-without-response flag")
             }
         }
-        return SimCharacteristicSpec(uuid: u, flags: flags, value: try bytes(c["value"], path + ".value") ?? [],
-                                     descriptors: descriptors, notify: notify, echoTo: echo)
+        return SimCharacteristicSpec(
+            uuid: u, flags: flags, value: try bytes(c["value"], path + ".value") ?? [],
+            descriptors: descriptors, notify: notify, echoTo: echo)
     }
 
     static func checkEchoTargets(_ spec: SimPeripheralSpec, _ path: String) throws(E) {

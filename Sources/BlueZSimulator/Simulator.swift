@@ -14,26 +14,40 @@ public struct SimulatorError: Error, Sendable, CustomStringConvertible {
 
 /// The simulator. Create it with a scenario, `start()` it, then await `waitUntilBusLost()`.
 ///
-/// Threading: every piece of state is touched only on `queue` (a serial dispatch queue). D-Bus method handlers run on
-/// the connection's thread and immediately hop onto `queue`, replying through the deferred reply.
+/// Threading: like bluetoothd's main loop, all simulation state lives on one thread: the D-Bus connection's dispatch
+/// thread. Method handlers run there already; timers and socket events (on `queue`) hop onto it with `onLoop`, so
+/// everything done in one turn is coalesced into the same PropertiesChanged, exactly like BlueZ's idle flush. That
+/// confinement is what makes the `@unchecked Sendable` conformances of the state classes sound. `loop` (behind a
+/// Mutex) is the only state read from other threads.
 public final class BlueZSimulator: @unchecked Sendable {
     /// The scenario the simulator starts from (and returns to after RestartDaemon).
     public let scenario: Scenario
     let bus: DBusBus
-    let queue = DispatchQueue(label: "bluez-sim")
-    var connection: DBusConnection?
-    var server: DBusObjectServer?
-    var controlServer: DBusObjectServer?
+    /// Timers and socket sources fire here, then hop onto the loop.
+    let queue = DispatchQueue(label: "bluez-sim.timers")
+
+    /// The current connection and its servers, and the restart epoch; stale work (from before a restart) is dropped.
+    struct Loop {
+        var connection: DBusConnection?
+        var server: DBusObjectServer?
+        var controlServer: DBusObjectServer?
+        var epoch = 0
+        var restarting = false
+    }
+    let loop = Mutex(Loop())
+
+    var connection: DBusConnection? { loop.withLock { $0.connection } }
+    var server: DBusObjectServer? { loop.withLock { $0.server } }
+    var controlServer: DBusObjectServer? { loop.withLock { $0.controlServer } }
+    /// Bumped on restart so stale timers do nothing.
+    var epoch: Int { loop.withLock { $0.epoch } }
+
     var adapters: [SimAdapter] = []
     var devices: [SimDevice] = []
-    /// The scenario with runtime additions (AddPeripheral) removed on restart.
     var monitors: [SimMonitor] = []
     /// Registered monitor applications (owner, root), with or without monitors yet.
     var monitorApps: [(owner: String, root: DBusObjectPath)] = []
     var counters: [String: Int] = [:]
-    /// Bumped on restart so stale timers do nothing.
-    var epoch = 0
-    var restarting = false
     private let lost = Mutex<[CheckedContinuation<Void, Never>]?>([])
     private let stopRequested = Mutex(false)
     private let logVerbose: Bool
@@ -57,29 +71,33 @@ public final class BlueZSimulator: @unchecked Sendable {
         }
         let server = DBusObjectServer(connection: connection, objectManagerPath: "/")
         let controlServer = DBusObjectServer(connection: connection, objectManagerPath: "/org/bluez/sim")
-        queue.sync {
-            self.connection = connection
-            self.server = server
-            self.controlServer = controlServer
-            self.restarting = false
-            self.resetState()
-            self.exportRoot()
+        let epoch = loop.withLock { l -> Int in
+            l.connection = connection
+            l.server = server
+            l.controlServer = controlServer
+            l.restarting = false
+            l.epoch += 1
+            return l.epoch
+        }
+        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+            server.perform {
+                self.resetState()
+                self.exportRoot()
+                done.resume()
+            }
         }
         do {
             let ownerStream = try await connection.signals(
                 matching: DBusMatchRule(
                     type: .signal, sender: "org.freedesktop.DBus", interface: "org.freedesktop.DBus",
                     member: "NameOwnerChanged"))
-            let epoch = queue.sync { self.epoch }
             Task { [weak self] in
-                do {
-                    for await message in ownerStream {
-                        guard let self else { return }
-                        if message.body.count == 3, let name = message.body[0].string, let new = message.body[2].string,
-                            name.hasPrefix(":"), new.isEmpty
-                        {
-                            self.queue.async { if self.epoch == epoch { self.clientLeft(name) } }
-                        }
+                for await message in ownerStream {
+                    guard let self else { return }
+                    if message.body.count == 3, let name = message.body[0].string, let new = message.body[2].string,
+                        name.hasPrefix(":"), new.isEmpty
+                    {
+                        self.onLoop(epoch: epoch) { self.clientLeft(name) }
                     }
                 }
             }
@@ -99,7 +117,7 @@ public final class BlueZSimulator: @unchecked Sendable {
         Task { [weak self] in
             await connection.waitUntilDisconnected()
             guard let self else { return }
-            let intentional = self.queue.sync { self.restarting || self.connection !== connection }
+            let intentional = self.loop.withLock { $0.restarting || $0.connection !== connection }
             if !intentional { self.markLost() }
         }
     }
@@ -119,7 +137,7 @@ public final class BlueZSimulator: @unchecked Sendable {
         return !stopRequested.withLock { $0 }
     }
 
-    private func markLost() {
+    func markLost() {
         let waiters = lost.withLock { w -> [CheckedContinuation<Void, Never>] in
             let all = w ?? []
             w = nil
@@ -128,19 +146,30 @@ public final class BlueZSimulator: @unchecked Sendable {
         for w in waiters { w.resume() }
     }
 
-    /// Stops timers, closes sockets and the connection.
+    /// Closes the connection (org.bluez and every object vanish) and wakes `waitUntilBusLost()`. Callable from any
+    /// thread; the process is expected to exit afterwards.
     public func stop() {
         stopRequested.withLock { $0 = true }
-        queue.sync {
-            self.epoch += 1
-            self.restarting = true
-            self.tearDownDevices()
-            self.connection?.close()
-            self.connection = nil
-            self.server = nil
-            self.controlServer = nil
+        let connection = loop.withLock { l -> DBusConnection? in
+            l.epoch += 1
+            l.restarting = true
+            let c = l.connection
+            l.connection = nil
+            l.server = nil
+            l.controlServer = nil
+            return c
         }
+        connection?.close()
         markLost()
+    }
+
+    /// Runs `body` on the loop (the connection's dispatch thread), unless a restart happened since `epoch`.
+    func onLoop(epoch: Int, _ body: @escaping @Sendable () -> Void) {
+        let server = loop.withLock { $0.epoch == epoch ? $0.server : nil }
+        server?.perform { [weak self] in
+            guard let self, self.epoch == epoch else { return }
+            body()
+        }
     }
 
     func log(_ text: String) {
@@ -152,7 +181,6 @@ public final class BlueZSimulator: @unchecked Sendable {
     // MARK: state
 
     func resetState() {
-        epoch += 1
         adapters = scenario.adapters.map(SimAdapter.init)
         let now = monotonicSeconds()
         devices = scenario.peripherals.compactMap { spec in
@@ -185,12 +213,11 @@ public final class BlueZSimulator: @unchecked Sendable {
         return devices.first { $0.spec.address == a }
     }
 
-    /// Runs `body` on the queue after `seconds`, unless a restart happened meanwhile.
+    /// Runs `body` on the loop after `seconds`, unless a restart happened meanwhile.
     func after(_ seconds: Double, _ body: @escaping @Sendable () -> Void) {
         let epoch = self.epoch
         queue.asyncAfter(deadline: simDeadline(seconds)) { [weak self] in
-            guard let self, self.epoch == epoch else { return }
-            body()
+            self?.onLoop(epoch: epoch, body)
         }
     }
 
@@ -207,14 +234,12 @@ public final class BlueZSimulator: @unchecked Sendable {
     static let notConnectedFailed = bluezError("Failed", "Not connected")
     static let alreadyExists = bluezError("AlreadyExists", "Already Exists")
 
-    /// Wraps a handler that runs on the simulator queue.
+    /// Wraps a handler (it runs on the loop already) that replies through `call.reply`, now or later.
     func onQueue(_ body: @escaping @Sendable (BlueZSimulator, DBusMethodCall) -> Void) -> DBusMethodHandler {
         { [weak self] call in
             guard let self else { return .error(DBusError(name: DBusError.failed, message: "simulator stopped")) }
-            self.queue.async {
-                self.log("\(call.sender) \(call.interface).\(call.member) \(call.path)")
-                body(self, call)
-            }
+            self.log("\(call.sender) \(call.interface).\(call.member) \(call.path)")
+            body(self, call)
             return .deferred
         }
     }

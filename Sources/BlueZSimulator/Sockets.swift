@@ -15,7 +15,8 @@ func makeSeqPacketPair() -> (Int32, Int32)? {
 
 /// Sends one datagram without blocking; false when it could not be queued (buffer full, peer gone).
 func sendDatagram(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
-    bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT) | Int32(MSG_NOSIGNAL)) } == bytes.count
+    bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT) | Int32(MSG_NOSIGNAL)) }
+        == bytes.count
 }
 
 /// Reads one datagram (up to 512 bytes, bluetoothd's buffer). `.eof` when the peer closed, `.none` when nothing waits.

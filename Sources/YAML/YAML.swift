@@ -15,9 +15,9 @@ public struct YAMLNode: Sendable, Equatable {
 
         public static func == (lhs: Value, rhs: Value) -> Bool {
             switch (lhs, rhs) {
-            case let (.scalar(a, qa), .scalar(b, qb)): return a == b && qa == qb
-            case let (.sequence(a), .sequence(b)): return a == b
-            case let (.mapping(a), .mapping(b)):
+            case (.scalar(let a, let qa), .scalar(let b, let qb)): return a == b && qa == qb
+            case (.sequence(let a), .sequence(let b)): return a == b
+            case (.mapping(let a), .mapping(let b)):
                 return a.count == b.count && zip(a, b).allSatisfy { $0.key == $1.key && $0.value == $1.value }
             default: return false
             }
@@ -196,8 +196,8 @@ public enum YAMLParser {
                 guard let frame = stack.popLast() else { return }
                 let node: YAMLNode
                 switch frame {
-                case let .mapping(entries, _, l, c): node = YAMLNode(.mapping(entries), line: l, column: c)
-                case let .sequence(items, l, c): node = YAMLNode(.sequence(items), line: l, column: c)
+                case .mapping(let entries, _, let l, let c): node = YAMLNode(.mapping(entries), line: l, column: c)
+                case .sequence(let items, let l, let c): node = YAMLNode(.sequence(items), line: l, column: c)
                 }
                 try add(node, line: node.line, column: node.column)
             default:

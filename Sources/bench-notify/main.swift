@@ -72,11 +72,13 @@ extension String {
 }
 
 @discardableResult
-func bluez(_ path: DBusObjectPath, _ interface: String, _ method: String, _ args: [DBusValue] = [],
-           timeout: Duration = .seconds(25)) async throws(DBusError) -> [DBusValue]
-{
-    try await connection.call(destination: "org.bluez", path: path, interface: interface, method: method,
-                              arguments: args, timeout: timeout)
+func bluez(
+    _ path: DBusObjectPath, _ interface: String, _ method: String, _ args: [DBusValue] = [],
+    timeout: Duration = .seconds(25)
+) async throws(DBusError) -> [DBusValue] {
+    try await connection.call(
+        destination: "org.bluez", path: path, interface: interface, method: method,
+        arguments: args, timeout: timeout)
 }
 
 func property(_ path: DBusObjectPath, _ interface: String, _ name: String) async -> DBusValue? {
@@ -123,8 +125,9 @@ do {
     let cpuBefore = options.simPID.flatMap(cpuSeconds)
     let start = now()
     let burst = Task {
-        try await bluez("/org/bluez/sim", "io.blebridge.Simulator1", "Burst",
-                        [.string(options.device), .string(options.uuid), .uint32(UInt32(total))], timeout: .seconds(120))
+        try await bluez(
+            "/org/bluez/sim", "io.blebridge.Simulator1", "Burst",
+            [.string(options.device), .string(options.uuid), .uint32(UInt32(total))], timeout: .seconds(120))
     }
     var received = 0
     var outOfOrder = 0
@@ -158,7 +161,9 @@ do {
     print("  elapsed:             \(String(format3(seconds))) s")
     print("  rate:                \(Int(rate)) notifications/s")
     if let a = cpuBefore, let b = cpuAfter {
-        print("  simulator CPU:       \(format3(b - a)) s = \(format3((b - a) / Double(max(received, 1)) * 1e6)) µs/notification")
+        print(
+            "  simulator CPU:       \(format3(b - a)) s = \(format3((b - a) / Double(max(received, 1)) * 1e6)) µs/notification"
+        )
     }
     _ = try? await bluez(charPath, "org.bluez.GattCharacteristic1", "StopNotify")
     _ = try? await bluez(devicePath, "org.bluez.Device1", "Disconnect")

@@ -2,8 +2,8 @@
 import DBus
 import Foundation
 import Synchronization
-import Testing
 import TestSupport
+import Testing
 
 /// Records every signal matching a rule, for order checks.
 final class SignalRecorder: Sendable {
@@ -65,16 +65,19 @@ struct Client {
     init(_ sim: SimulatorFixture) throws { connection = try DBusConnection(.address(sim.address)) }
 
     @discardableResult
-    func call(_ path: DBusObjectPath, _ interface: String, _ method: String, _ args: [DBusValue] = [],
-              timeout: Duration = .seconds(10)) async throws(DBusError) -> [DBusValue]
-    {
-        try await connection.call(destination: "org.bluez", path: path, interface: interface, method: method,
-                                  arguments: args, timeout: timeout)
+    func call(
+        _ path: DBusObjectPath, _ interface: String, _ method: String, _ args: [DBusValue] = [],
+        timeout: Duration = .seconds(10)
+    ) async throws(DBusError) -> [DBusValue] {
+        try await connection.call(
+            destination: "org.bluez", path: path, interface: interface, method: method,
+            arguments: args, timeout: timeout)
     }
 
-    func error(_ path: DBusObjectPath, _ interface: String, _ method: String, _ args: [DBusValue] = [],
-               timeout: Duration = .seconds(10)) async -> DBusError?
-    {
+    func error(
+        _ path: DBusObjectPath, _ interface: String, _ method: String, _ args: [DBusValue] = [],
+        timeout: Duration = .seconds(10)
+    ) async -> DBusError? {
         do {
             try await call(path, interface, method, args, timeout: timeout)
             return nil
@@ -126,11 +129,13 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
         let paths = try await c.managedPaths()
         #expect(paths == ["/org/bluez", "/org/bluez/hci0"])
         #expect(await c.property("/org/bluez/hci0", "org.bluez.Adapter1", "Powered")?.bool == true)
-        let roles = await c.property("/org/bluez/hci0", "org.bluez.Adapter1", "Roles")?.arrayElements?.compactMap(\.string)
+        let roles = await c.property("/org/bluez/hci0", "org.bluez.Adapter1", "Roles")?.arrayElements?.compactMap(
+            \.string)
         #expect(roles?.contains("central") == true)
         #expect(await c.property("/org/bluez/hci0", "org.bluez.Adapter1", "Discovering")?.bool == false)
-        try await c.call("/org/bluez", "org.bluez.AgentManager1", "RegisterAgent",
-                         [.objectPath("/agent"), .string("NoInputNoOutput")])
+        try await c.call(
+            "/org/bluez", "org.bluez.AgentManager1", "RegisterAgent",
+            [.objectPath("/agent"), .string("NoInputNoOutput")])
     }
 
     @Test func discoveryStopRemovesNonConnectableAndInvalidatesRSSI() async throws {
@@ -141,8 +146,9 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
         try await c.discover(hrPath)
         let bthome = "/org/bluez/hci0/dev_A4_C1_38_8F_80_A5"
         try await rec.wait("BTHome device") { $0.contains { SignalRecorder.describe($0) == "IA \(bthome)" } }
-        #expect(await c.error("/org/bluez/hci0", "org.bluez.Adapter1", "StartDiscovery")?.name
-            == "org.bluez.Error.InProgress")
+        #expect(
+            await c.error("/org/bluez/hci0", "org.bluez.Adapter1", "StartDiscovery")?.name
+                == "org.bluez.Error.InProgress")
         try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StopDiscovery")
         try await rec.wait("removal") { $0.contains { SignalRecorder.describe($0) == "IR \(bthome)" } }
         try await rec.wait("RSSI invalidated") {
@@ -178,7 +184,8 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
             .methodCall(destination: "org.bluez", path: hrPath, interface: "org.bluez.Device1", method: "Connect"))
         try await rec.wait("resolved") { $0.contains { SignalRecorder.describe($0).contains("ServicesResolved") } }
         // The simulator's serials give its send order: Connected=true, then the reply, then the objects.
-        let connectedSignal = try #require(rec.all.first { SignalRecorder.describe($0) == "PC \(hrPath.rawValue) {Connected}" })
+        let connectedSignal = try #require(
+            rec.all.first { SignalRecorder.describe($0) == "PC \(hrPath.rawValue) {Connected}" })
         let firstAdded = try #require(rec.all.first { $0.member == "InterfacesAdded" })
         #expect(connectedSignal.serial < reply.serial)
         #expect(reply.serial < firstAdded.serial)
@@ -189,15 +196,17 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
         #expect(added.allSatisfy { $0.offset < resolved })
         #expect(added.first?.element == "IA \(hrPath.rawValue)/service0001")
         #expect(order.contains("IA \(hrPath.rawValue)/service000d/char000e/desc0010"))
-        #expect(await c.property(hrPath.appending("service000d/char000e"), "org.bluez.GattCharacteristic1", "Handle")
-            == .uint16(0x0e))
+        #expect(
+            await c.property(hrPath.appending("service000d/char000e"), "org.bluez.GattCharacteristic1", "Handle")
+                == .uint16(0x0e))
 
         let before = rec.all.count
         try await c.call(hrPath, "org.bluez.Device1", "Disconnect")
         let afterDisconnect = rec.all.dropFirst(before).map(SignalRecorder.describe)
-        #expect(afterDisconnect == [
-            "PC \(hrPath.rawValue) {ServicesResolved}", "SIG Disconnected", "PC \(hrPath.rawValue) {Connected}",
-        ])
+        #expect(
+            afterDisconnect == [
+                "PC \(hrPath.rawValue) {ServicesResolved}", "SIG Disconnected", "PC \(hrPath.rawValue) {Connected}",
+            ])
         let reason = rec.all.first { $0.member == "Disconnected" }?.body.compactMap(\.string)
         #expect(reason == ["org.bluez.Reason.Local", "Connection terminated by local host"])
 
@@ -225,11 +234,13 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
         try await a.call(char, iface, "StartNotify")  // already registered: success
         try await b.call(char, iface, "StartNotify")
         #expect(await a.property(char, iface, "Notifying")?.bool == true)
-        #expect(await a.error(char, iface, "AcquireNotify", [.stringVariantDictionary([])])?.name
-            == "org.bluez.Error.InProgress")
+        #expect(
+            await a.error(char, iface, "AcquireNotify", [.stringVariantDictionary([])])?.name
+                == "org.bluez.Error.InProgress")
         try await a.call(char, iface, "StopNotify")
-        #expect(await a.error(char, iface, "StopNotify")
-            == DBusError(name: "org.bluez.Error.Failed", message: "No notify session started"))
+        #expect(
+            await a.error(char, iface, "StopNotify")
+                == DBusError(name: "org.bluez.Error.Failed", message: "No notify session started"))
         #expect(await a.property(char, iface, "Notifying")?.bool == true)
         b.connection.close()
         for _ in 0..<200 where await a.property(char, iface, "Notifying")?.bool != false {
@@ -266,10 +277,15 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
             if writes.count == 2 { break }
             try await Task.sleep(for: .milliseconds(10))
         }
-        #expect(writes == [
-            .structure([.string("6e400002-b5a3-f393-e0a9-e50e24dcca9e"), .bytes(Array("one".utf8)), .string("command")]),
-            .structure([.string("6e400002-b5a3-f393-e0a9-e50e24dcca9e"), .bytes(Array("two".utf8)), .string("command")]),
-        ])
+        #expect(
+            writes == [
+                .structure([
+                    .string("6e400002-b5a3-f393-e0a9-e50e24dcca9e"), .bytes(Array("one".utf8)), .string("command"),
+                ]),
+                .structure([
+                    .string("6e400002-b5a3-f393-e0a9-e50e24dcca9e"), .bytes(Array("two".utf8)), .string("command"),
+                ]),
+            ])
         close(fd)
         for _ in 0..<200 where await c.property(rx, iface, "WriteAcquired")?.bool != false {
             try await Task.sleep(for: .milliseconds(10))
@@ -283,16 +299,23 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
         let c = try Client(sim)
         try await c.discover(hrPath)
         try await c.control("InjectFault", [.string(hr), .string("in-progress"), .string("{}")])
-        #expect(await c.error(hrPath, "org.bluez.Device1", "Connect")
-            == DBusError(name: "org.bluez.Error.InProgress", message: "In Progress"))
-        try await c.control("InjectFault", [.string(hr), .string("connect-failed"),
-                                            .string("{message: le-connection-timeout}")])
-        #expect(await c.error(hrPath, "org.bluez.Device1", "Connect")
-            == DBusError(name: "org.bluez.Error.Failed", message: "le-connection-timeout"))
+        #expect(
+            await c.error(hrPath, "org.bluez.Device1", "Connect")
+                == DBusError(name: "org.bluez.Error.InProgress", message: "In Progress"))
+        try await c.control(
+            "InjectFault",
+            [
+                .string(hr), .string("connect-failed"),
+                .string("{message: le-connection-timeout}"),
+            ])
+        #expect(
+            await c.error(hrPath, "org.bluez.Device1", "Connect")
+                == DBusError(name: "org.bluez.Error.Failed", message: "le-connection-timeout"))
         let rec = try await SignalRecorder(c.connection)
         try await c.control("InjectFault", [.string(hr), .string("le-connection-abort-by-local"), .string("{}")])
-        #expect(await c.error(hrPath, "org.bluez.Device1", "Connect")
-            == DBusError(name: "org.bluez.Error.Failed", message: "le-connection-abort-by-local"))
+        #expect(
+            await c.error(hrPath, "org.bluez.Device1", "Connect")
+                == DBusError(name: "org.bluez.Error.Failed", message: "le-connection-abort-by-local"))
         try await rec.wait("Connected false") {
             $0.filter { SignalRecorder.describe($0) == "PC \(hrPath.rawValue) {Connected}" }.count == 2
         }
@@ -312,10 +335,12 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
         try await c.waitResolved(hrPath)
         let location = hrPath.appending("service000d/char0011")
         try await c.control("InjectFault", [.string(hr), .string("read-error"), .string("{uuid: 2A38, att: 0x80}")])
-        #expect(await c.error(location, "org.bluez.GattCharacteristic1", "ReadValue", [.stringVariantDictionary([])])
-            == DBusError(name: "org.bluez.Error.Failed", message: "Operation failed with ATT error: 0x80"))
-        #expect(try await c.call(location, "org.bluez.GattCharacteristic1", "ReadValue", [.stringVariantDictionary([])])
-            == [.bytes([1])])
+        #expect(
+            await c.error(location, "org.bluez.GattCharacteristic1", "ReadValue", [.stringVariantDictionary([])])
+                == DBusError(name: "org.bluez.Error.Failed", message: "Operation failed with ATT error: 0x80"))
+        #expect(
+            try await c.call(location, "org.bluez.GattCharacteristic1", "ReadValue", [.stringVariantDictionary([])])
+                == [.bytes([1])])
         let counters = try await c.control("GetCounters").first?.stringVariantDictionary
         #expect(counters?["faults_fired"]?.int64 == 5)
     }
@@ -340,22 +365,31 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
         defer { sim.stop() }
         let c = try Client(sim)
         let rec = try await SignalRecorder(c.connection)
-        let path = try await c.control("AddPeripheral", [
-            .string(#"{address: "11:22:33:44:55:66", name: Added, manufacturer_data: [{company: 0x004C, value: "02 15"}]}"#)
-        ])
+        let path = try await c.control(
+            "AddPeripheral",
+            [
+                .string(
+                    #"{address: "11:22:33:44:55:66", name: Added, manufacturer_data: [{company: 0x004C, value: "02 15"}]}"#
+                )
+            ])
         #expect(path == [.objectPath("/org/bluez/hci0/dev_11_22_33_44_55_66")])
         let added: DBusObjectPath = "/org/bluez/hci0/dev_11_22_33_44_55_66"
         try await c.discover(added)
         #expect(await c.property(added, "org.bluez.Device1", "Name") == .string("Added"))
-        try await c.control("SetAdvertisement", [.string("11:22:33:44:55:66"),
-                                                 .string(#"{manufacturer_data: [{company: 0x004C, value: "02 16"}]}"#)])
+        try await c.control(
+            "SetAdvertisement",
+            [
+                .string("11:22:33:44:55:66"),
+                .string(#"{manufacturer_data: [{company: 0x004C, value: "02 16"}]}"#),
+            ])
         try await rec.wait("data change") {
             $0.contains { SignalRecorder.describe($0) == "PC \(added.rawValue) {ManufacturerData}" }
         }
         let data = await c.property(added, "org.bluez.Device1", "ManufacturerData")?.dictionaryEntries
         #expect(data?.first?.value.bytes == [0x02, 0x16])
-        let bad = await c.error("/org/bluez/sim", "io.blebridge.Simulator1", "AddPeripheral",
-                                [.string(#"{address: "11:22:33:44:55:67", gatt: [{uuid: "2A3"}]}"#)])
+        let bad = await c.error(
+            "/org/bluez/sim", "io.blebridge.Simulator1", "AddPeripheral",
+            [.string(#"{address: "11:22:33:44:55:67", gatt: [{uuid: "2A3"}]}"#)])
         #expect(bad?.message == #"peripheral.gatt[0].uuid: "2A3" is not a UUID"#)
         try await c.control("RemovePeripheral", [.string("11:22:33:44:55:66")])
         try await rec.wait("removed") { $0.contains { SignalRecorder.describe($0) == "IR \(added.rawValue)" } }
@@ -408,6 +442,8 @@ func demoFixture(_ extra: String = "") throws -> SimulatorFixture {
         defer { sim.stop() }
         let out = try sim.control("GetCounters")
         #expect(out.contains("devices_exported"))
-        #expect(throws: HarnessError.self) { try sim.control("InjectFault", ["string:\(hr)", "string:nope", "string:{}"]) }
+        #expect(throws: HarnessError.self) {
+            try sim.control("InjectFault", ["string:\(hr)", "string:nope", "string:{}"])
+        }
     }
 }

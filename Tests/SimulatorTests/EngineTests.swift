@@ -40,7 +40,8 @@ import Testing
         func adv(_ rssi: Int) -> SimAdvertisementState.Advertisement {
             .init(rssi: rssi, txPower: nil, name: "x", manufacturerData: [], serviceData: [], uuids: [])
         }
-        #expect(state.apply(adv(-60), rssiThreshold: 8, duplicateData: false, servicesResolved: false) == ["RSSI", "Name"])
+        #expect(
+            state.apply(adv(-60), rssiThreshold: 8, duplicateData: false, servicesResolved: false) == ["RSSI", "Name"])
         #expect(state.apply(adv(-66), rssiThreshold: 8, duplicateData: false, servicesResolved: false).isEmpty)
         #expect(state.apply(adv(-68), rssiThreshold: 8, duplicateData: false, servicesResolved: false) == ["RSSI"])
         #expect(state.apply(adv(-69), rssiThreshold: 0, duplicateData: false, servicesResolved: false) == ["RSSI"])
@@ -113,7 +114,8 @@ import Testing
 
     @Test func monitorPatternsMatchAdvertisingStructures() {
         let adv = SimAdvertisementState.Advertisement(
-            rssi: -50, txPower: nil, name: "T", manufacturerData: [(0x0499, [5])], serviceData: [(SimUUID("FCD2")!, [0x40])],
+            rssi: -50, txPower: nil, name: "T", manufacturerData: [(0x0499, [5])],
+            serviceData: [(SimUUID("FCD2")!, [0x40])],
             uuids: [])
         let s = advertisingStructures(adv, connectable: false)
         #expect(SimMonitorPattern(start: 0, adType: 0x16, content: [0xD2, 0xFC]).matches(s))

@@ -45,28 +45,55 @@ import Testing
     @Test(arguments: [
         ("peripherals:\n  - address: \"AA:BB\"\n", #"peripherals[0].address: "AA:BB" is not a MAC address"#),
         ("peripherals:\n  - name: x\n", "peripherals[0].address: is required"),
-        ("peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", rssi: loud}\n", #"peripherals[0].rssi: "loud" is not an integer"#),
-        ("peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", rssi: 50}\n", "peripherals[0].rssi: 50 is out of range -127...20"),
+        (
+            "peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", rssi: loud}\n",
+            #"peripherals[0].rssi: "loud" is not an integer"#
+        ),
+        (
+            "peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", rssi: 50}\n",
+            "peripherals[0].rssi: 50 is out of range -127...20"
+        ),
         ("peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", colour: red}\n", "peripherals[0].colour: unknown key"),
-        ("peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", address_type: static}\n",
-         #"peripherals[0].address_type: "static" is not public or random"#),
-        ("peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", manufacturer_data: [{company: 0x499, value: \"0\"}]}\n",
-         #"peripherals[0].manufacturer_data[0].value: "0" is not hex bytes (odd number of digits)"#),
-        ("peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", service_data: [{uuid: FCD2}]}\n",
-         "peripherals[0].service_data[0]: needs `value` or `sequence`"),
-        ("peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", gatt: [{uuid: 180D, characteristics: [{uuid: 2A37}]}]}\n",
-         "peripherals[0].gatt[0].characteristics[0].flags: is required (e.g. [read, notify])"),
-        ("peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", gatt: [{uuid: 180D, characteristics: [{uuid: 2A37, flags: [fly]}]}]}\n",
-         "peripherals[0].gatt[0].characteristics[0].flags[0]: \"fly\" is not a flag"),
-        ("peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", gatt: [{uuid: 180D, characteristics: [{uuid: 2A38, flags: [read], notify: {rate: 1, sequence: [\"01\"]}}]}]}\n",
-         "peripherals[0].gatt[0].characteristics[0].notify: the characteristic has neither the notify nor the indicate flag"),
-        ("peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", gatt: [{uuid: FFF0, characteristics: [{uuid: FFF1, flags: [write], on_write: {echo_to: FFF2}}]}]}\n",
-         "peripherals[0].gatt[0].characteristics[0].on_write.echo_to: no characteristic 0000fff2-0000-1000-8000-00805f9b34fb"),
-        ("peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", gatt: [{uuid: 180D, characteristics: [{uuid: 2A37, flags: [notify], descriptors: [{uuid: 2902}]}]}]}\n",
-         "peripherals[0].gatt[0].characteristics[0].descriptors[0].uuid: the CCCD (2902) is added automatically"),
-        ("peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\"}\n  - {address: \"aa:bb:cc:dd:ee:ff\"}\n",
-         "peripherals[1].address: duplicate peripheral address AA:BB:CC:DD:EE:FF"),
-        ("peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", adapter: hci1}\n", #"peripherals[0].adapter: "hci1" is not a declared adapter"#),
+        (
+            "peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", address_type: static}\n",
+            #"peripherals[0].address_type: "static" is not public or random"#
+        ),
+        (
+            "peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", manufacturer_data: [{company: 0x499, value: \"0\"}]}\n",
+            #"peripherals[0].manufacturer_data[0].value: "0" is not hex bytes (odd number of digits)"#
+        ),
+        (
+            "peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", service_data: [{uuid: FCD2}]}\n",
+            "peripherals[0].service_data[0]: needs `value` or `sequence`"
+        ),
+        (
+            "peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", gatt: [{uuid: 180D, characteristics: [{uuid: 2A37}]}]}\n",
+            "peripherals[0].gatt[0].characteristics[0].flags: is required (e.g. [read, notify])"
+        ),
+        (
+            "peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", gatt: [{uuid: 180D, characteristics: [{uuid: 2A37, flags: [fly]}]}]}\n",
+            "peripherals[0].gatt[0].characteristics[0].flags[0]: \"fly\" is not a flag"
+        ),
+        (
+            "peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", gatt: [{uuid: 180D, characteristics: [{uuid: 2A38, flags: [read], notify: {rate: 1, sequence: [\"01\"]}}]}]}\n",
+            "peripherals[0].gatt[0].characteristics[0].notify: the characteristic has neither the notify nor the indicate flag"
+        ),
+        (
+            "peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", gatt: [{uuid: FFF0, characteristics: [{uuid: FFF1, flags: [write], on_write: {echo_to: FFF2}}]}]}\n",
+            "peripherals[0].gatt[0].characteristics[0].on_write.echo_to: no characteristic 0000fff2-0000-1000-8000-00805f9b34fb"
+        ),
+        (
+            "peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", gatt: [{uuid: 180D, characteristics: [{uuid: 2A37, flags: [notify], descriptors: [{uuid: 2902}]}]}]}\n",
+            "peripherals[0].gatt[0].characteristics[0].descriptors[0].uuid: the CCCD (2902) is added automatically"
+        ),
+        (
+            "peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\"}\n  - {address: \"aa:bb:cc:dd:ee:ff\"}\n",
+            "peripherals[1].address: duplicate peripheral address AA:BB:CC:DD:EE:FF"
+        ),
+        (
+            "peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", adapter: hci1}\n",
+            #"peripherals[0].adapter: "hci1" is not a declared adapter"#
+        ),
         ("settings: {mtu: 10}\n", "settings.mtu: 10 is out of range 23...517"),
         ("adapters: [{id: usb0}]\n", #"adapters[0].id: "usb0" is not an adapter name like hci0"#),
         ("peripherals: 3\n", #"peripherals: expected a list, found "3""#),
@@ -149,7 +176,10 @@ import Testing
         #expect(hrm.notify?.rateHz == 1)
         #expect(hr.gatt.flatMap(\.characteristics).contains { $0.uuid.short16 == 0x2A38 })
         #expect(hr.gatt.flatMap(\.characteristics).contains { $0.uuid.short16 == 0x2A19 })
-        #expect(has(0x1809).first?.gatt.flatMap(\.characteristics).first { $0.uuid.short16 == 0x2A1C }?.flags == ["indicate"])
+        #expect(
+            has(0x1809).first?.gatt.flatMap(\.characteristics).first { $0.uuid.short16 == 0x2A1C }?.flags == [
+                "indicate"
+            ])
         let env = try #require(has(0x181A).first).gatt.flatMap(\.characteristics)
         for u: UInt16 in [0x2A6E, 0x2A6F, 0x2A6D] { #expect(env.first { $0.uuid.short16 == u }?.notify != nil) }
         let bthome = try #require(s.peripherals.first { $0.serviceData.contains { $0.uuid.short16 == 0xFCD2 } })
@@ -157,7 +187,8 @@ import Testing
         #expect(bthome.serviceData[0].data.values.count > 1)
         let ruuvi = try #require(s.peripherals.first { $0.manufacturerData.contains { $0.company == 0x0499 } })
         #expect(ruuvi.manufacturerData[0].data.values.allSatisfy { $0.count == 24 && $0[0] == 5 })
-        let writable = try #require(s.peripherals.first { $0.gatt.flatMap(\.characteristics).contains { $0.echoTo != nil } })
+        let writable = try #require(
+            s.peripherals.first { $0.gatt.flatMap(\.characteristics).contains { $0.echoTo != nil } })
         let rx = try #require(writable.gatt.flatMap(\.characteristics).first { $0.echoTo != nil })
         #expect(rx.flags.contains("write") && rx.flags.contains("write-without-response"))
         for p in s.peripherals where p.connectable {

@@ -45,8 +45,9 @@ public final class SimulatorFixture: @unchecked Sendable {
 
     /// Starts a private bus and `bluez-sim` with a scenario file (for example `Fixtures.config("demo-scenario.yaml")`).
     public convenience init(scenarioFile: URL, arguments: [String] = []) throws {
-        try self.init(scenarioFile: scenarioFile, scratch: TemporaryDirectory(prefix: "blebridge-sim"),
-                      arguments: arguments)
+        try self.init(
+            scenarioFile: scenarioFile, scratch: TemporaryDirectory(prefix: "blebridge-sim"),
+            arguments: arguments)
     }
 
     private init(scenarioFile: URL, scratch: TemporaryDirectory, arguments: [String]) throws {
@@ -81,7 +82,8 @@ public final class SimulatorFixture: @unchecked Sendable {
         let result = try dbusSend(
             ["--dest=org.bluez", "--print-reply", "/org/bluez/sim", "io.blebridge.Simulator1.\(method)"] + args)
         guard result.status == 0 else {
-            throw HarnessError("Simulator1.\(method) failed: \(result.stderr.trimmingCharacters(in: .whitespacesAndNewlines))")
+            throw HarnessError(
+                "Simulator1.\(method) failed: \(result.stderr.trimmingCharacters(in: .whitespacesAndNewlines))")
         }
         return result.stdout
     }
@@ -90,9 +92,12 @@ public final class SimulatorFixture: @unchecked Sendable {
     public func dbusSend(_ args: [String], timeout: TimeInterval = 20) throws -> (
         status: Int32, stdout: String, stderr: String
     ) {
-        guard let tool = which("dbus-send") else { throw HarnessError("dbus-send not found; run scripts/install-deps.sh") }
-        return try runCommand(tool, ["--system", "--reply-timeout=\(Int(timeout * 1000))"] + args,
-                              environment: environment, timeout: timeout + 5)
+        guard let tool = which("dbus-send") else {
+            throw HarnessError("dbus-send not found; run scripts/install-deps.sh")
+        }
+        return try runCommand(
+            tool, ["--system", "--reply-timeout=\(Int(timeout * 1000))"] + args,
+            environment: environment, timeout: timeout + 5)
     }
 
     /// Stops `bluez-sim` (SIGTERM) and then the bus. Safe to call twice.
