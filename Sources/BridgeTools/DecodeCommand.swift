@@ -5,6 +5,7 @@
 //   unknown UUID or company -> {"raw": "<hex>"}, exit 0
 //   bad usage -> usage text on stderr, exit 64
 import GATT
+import GATTCrypto
 
 /// `blebridge decode gatt|service-data|manufacturer ...`
 public enum DecodeCommand: CLICommand {
@@ -175,8 +176,8 @@ public enum DecodeCommand: CLICommand {
         }
     }
 
-    /// The AES-CCM implementation for encrypted advertisements.
-    static var defaultCipher: (any AESCCMCipher)? { nil }
+    /// The AES-CCM implementation for encrypted advertisements (libcrypto).
+    static var defaultCipher: (any AESCCMCipher)? { OpenSSLAESCCM() }
 
     /// `0499`, `0x0499`, `499` -> 0x0499.
     static func companyID(_ text: String) -> UInt16? {

@@ -87,13 +87,13 @@ public enum MedicalFloat {
     }
 
     /// Encodes a value as SFLOAT: a number (the most precise exponent that fits, then normalised so that exact
-    /// decimals keep their shortest form) or a special-value string. Throws when the number is out of range.
+    /// decimals keep their shortest form, down to exponent 0) or a special-value string. Throws when the number is out of range.
     public static func encodeSFLOAT(_ value: GATTValue, field: String) throws(GATTParseError) -> UInt16 {
         if let special = specialCode(value, nan: 0x07FF, nres: 0x0800, plus: 0x07FE, minus: 0x0802, rfu: 0x0801) {
             return UInt16(special)
         }
         guard let number = value.numberValue else { throw .notEncodable("\(field): \(value) is not a number") }
-        guard let (mantissa, exponent) = decimalParts(number, mantissaLimit: 2045, exponents: -8...7) else {
+        guard let (mantissa, exponent) = decimalParts(number, mantissaBits: 12, exponents: -8...7) else {
             throw .notEncodable("\(field): \(number) does not fit an SFLOAT")
         }
         return UInt16(truncatingIfNeeded: (exponent & 0xF) << 12) | UInt16(truncatingIfNeeded: mantissa & 0x0FFF)
@@ -107,7 +107,7 @@ public enum MedicalFloat {
             return special
         }
         guard let number = value.numberValue else { throw .notEncodable("\(field): \(value) is not a number") }
-        guard let (mantissa, exponent) = decimalParts(number, mantissaLimit: 8_388_605, exponents: -128...127) else {
+        guard let (mantissa, exponent) = decimalParts(number, mantissaBits: 24, exponents: -128...127) else {
             throw .notEncodable("\(field): \(number) does not fit a FLOAT")
         }
         return UInt32(truncatingIfNeeded: (exponent & 0xFF) << 24) | UInt32(truncatingIfNeeded: mantissa & 0xFF_FFFF)
@@ -129,19 +129,23 @@ public enum MedicalFloat {
         }
     }
 
-    /// The (mantissa, exponent) with the smallest exponent whose mantissa fits, then with trailing decimal zeros
-    /// moved into the exponent.
-    static func decimalParts(_ number: Double, mantissaLimit: Int64, exponents: ClosedRange<Int>) -> (Int64, Int)? {
+    /// The (mantissa, exponent) with the smallest exponent whose mantissa fits `mantissaBits` (two's complement),
+    /// then with trailing decimal zeros moved into a negative exponent (36.40 -> 364 × 10^-1; 120 stays 120 × 10^0,
+    /// as devices send it). With exponent 0 the five mantissas next to the
+    /// limits are the special values, so they are not used for numbers.
+    static func decimalParts(_ number: Double, mantissaBits: Int, exponents: ClosedRange<Int>) -> (Int64, Int)? {
         guard number.isFinite else { return nil }
         if number == 0 { return (0, 0) }
+        let maxMantissa = Int64(1) << (mantissaBits - 1) - 1
+        let minMantissa = -maxMantissa - 1
         for exponent in exponents {
-            let scaled =
-                exponent >= 0 ? number / powerOfTen(exponent) : number * powerOfTen(-exponent)
-            guard abs(scaled) <= Double(mantissaLimit) + 0.5 else { continue }
+            let scaled = exponent >= 0 ? number / powerOfTen(exponent) : number * powerOfTen(-exponent)
+            guard scaled.magnitude <= Double(maxMantissa) + 1 else { continue }
             var mantissa = Int64(scaled.rounded())
-            guard abs(mantissa) <= mantissaLimit else { continue }
+            guard mantissa >= minMantissa, mantissa <= maxMantissa else { continue }
+            if exponent == 0 && (mantissa >= maxMantissa - 1 || mantissa <= minMantissa + 2) { continue }
             var e = exponent
-            while mantissa != 0 && mantissa % 10 == 0 && e < exponents.upperBound {
+            while mantissa != 0 && mantissa % 10 == 0 && e < 0 {
                 mantissa /= 10
                 e += 1
             }
