@@ -73,7 +73,7 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         let discovery = try await t.client.startDiscovery(
             on: adapter, filter: BlueZDiscoveryFilter(serviceUUIDs: ["180d"], watchdogInterval: nil))
         #expect(discovery.mode == .active)
-        let device = try await firstEvent(discovery, timeout: 5) { event -> BlueZDevice? in
+        let device = try await firstEvent(discovery, timeout: 10) { event -> BlueZDevice? in
             if case .appeared(let d) = event { return d }
             return nil
         }
@@ -92,7 +92,7 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         for await event in discovery.events { seen.append(event.device.address) }
         #expect(!seen.contains(beacon))
         // After StopDiscovery, BlueZ invalidates RSSI: the mirror must drop it.
-        try await eventually(3, "RSSI invalidated") { t.client.device(address: strap)?.rssi == nil }
+        try await eventually(10, "RSSI invalidated") { t.client.device(address: strap)?.rssi == nil }
         #expect(t.client.device(address: strap)?.name == "Strap")
     }
 
@@ -102,7 +102,7 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
             on: try await t.adapter,
             filter: BlueZDiscoveryFilter(serviceUUIDs: ["180D"], duplicateData: true, watchdogInterval: nil))
         // The strap's advertisement never changes; only DuplicateData makes BlueZ re-signal its data.
-        let updates = try await firstEvent(discovery, timeout: 5) { event -> Int? in
+        let updates = try await firstEvent(discovery, timeout: 10) { event -> Int? in
             if case .updated(let d) = event, d.address == strap, d.manufacturerData[0x004C] != nil { return 1 }
             return nil
         }
@@ -118,13 +118,13 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         #expect(discovery.mode == .passive)
         #expect(discovery.fallbackReason == nil)
         #expect(try await t.counter("monitors") == 1)
-        let device = try await firstEvent(discovery, timeout: 5) { event -> BlueZDevice? in
+        let device = try await firstEvent(discovery, timeout: 10) { event -> BlueZDevice? in
             if case .appeared(let d) = event { return d }
             return nil
         }
         #expect(device.address == beacon)
         await discovery.stop()
-        try await eventually(3, "monitor unregistered") { try await t.counter("monitors") == 0 }
+        try await eventually(10, "monitor unregistered") { try await t.counter("monitors") == 0 }
     }
 
     @Test func passiveScanningWithoutPatternsFallsBackToActive() async throws {
@@ -141,16 +141,16 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         let discovery = try await t.client.startDiscovery(
             on: try await t.adapter,
             filter: BlueZDiscoveryFilter(serviceUUIDs: ["FEAA"], watchdogInterval: .milliseconds(300)))
-        _ = try await firstEvent(discovery, timeout: 5) { $0.device.address == beacon ? true : nil }
+        _ = try await firstEvent(discovery, timeout: 10) { $0.device.address == beacon ? true : nil }
         // The beacon's advertisement never changes, so with DuplicateData off BlueZ goes quiet: the watchdog
         // restarts discovery, which BlueZ answers with fresh RSSI values.
-        try await eventually(5, "a watchdog restart") { discovery.restartCount >= 1 }
-        try await eventually(3, "discovering again") {
+        try await eventually(10, "a watchdog restart") { discovery.restartCount >= 1 }
+        try await eventually(10, "discovering again") {
             t.client.adapterState(.name("hci0")).adapter?.discovering == true
         }
-        try await eventually(3, "one discovery session") { try await t.counter("discovery_sessions") == 1 }
+        try await eventually(10, "one discovery session") { try await t.counter("discovery_sessions") == 1 }
         await discovery.stop()
-        try await eventually(3, "session gone") { try await t.counter("discovery_sessions") == 0 }
+        try await eventually(10, "session gone") { try await t.counter("discovery_sessions") == 0 }
     }
 
     @Test func watchdogRestartsDiscoveryAfterAPowerCycle() async throws {
@@ -159,16 +159,16 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         let discovery = try await t.client.startDiscovery(
             on: adapter, filter: BlueZDiscoveryFilter(watchdogInterval: .milliseconds(200)))
         try await t.client.setPowered(false, adapter: adapter)
-        try await eventually(3, "powered off") { t.client.adapterState(.name("hci0")).adapter?.powered == false }
+        try await eventually(10, "powered off") { t.client.adapterState(.name("hci0")).adapter?.powered == false }
         try await Task.sleep(for: .milliseconds(300))
         try await t.client.setPowered(true, adapter: adapter)
         // Powering off ended BlueZ's discovery; the watchdog notices Discovering=false and starts it again.
-        try await eventually(5, "discovering after power on") {
+        try await eventually(10, "discovering after power on") {
             t.client.adapterState(.name("hci0")).adapter?.discovering == true
         }
         #expect(discovery.restartCount >= 1)
         // Advertisements flow again: powering off dropped the devices (lost), and they appear anew.
-        let order = try await withTimeout(5, "the beacon to be lost and to appear again") {
+        let order = try await withTimeout(10, "the beacon to be lost and to appear again") {
             var seen: [String] = []
             for await event in discovery.events where event.device.address == beacon {
                 switch event {
@@ -188,9 +188,9 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         let t = try await SimClient()
         let discovery = try await t.client.startDiscovery(
             on: try await t.adapter, filter: BlueZDiscoveryFilter(watchdogInterval: nil))
-        _ = try await firstEvent(discovery, timeout: 5) { $0.device.address == beacon ? true : nil }
+        _ = try await firstEvent(discovery, timeout: 10) { $0.device.address == beacon ? true : nil }
         try await t.simulator("RemovePeripheral", [.string(beacon)])
-        let lost = try await firstEvent(discovery, timeout: 5) { event -> BlueZDevice? in
+        let lost = try await firstEvent(discovery, timeout: 10) { event -> BlueZDevice? in
             if case .lost(let d) = event { return d }
             return nil
         }
@@ -349,7 +349,7 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         }
         let device = try await t.discover(strap)
         // Scanning stopped: the temporary device expires from BlueZ's cache.
-        try await eventually(5, "the device to expire") { t.client.device(address: strap) == nil }
+        try await eventually(10, "the device to expire") { t.client.device(address: strap) == nil }
         let expired = await bluezError { _ = try await t.client.connect(device) }
         guard case .deviceNotFound(let label, _)? = expired else {
             Issue.record("expected deviceNotFound, got \(String(describing: expired))")
@@ -367,11 +367,11 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         let hr = try p.characteristic("2A37")
         #expect(hr.notifyAcquireAvailable)
         let values = try await p.notifications(for: hr)
-        try await eventually(3, "NotifyAcquired") { p.refreshed(hr)?.notifyAcquireAvailable == true }
+        try await eventually(10, "NotifyAcquired") { p.refreshed(hr)?.notifyAcquireAvailable == true }
         for v: [UInt8] in [[0x00, 0x48], [0x00, 0x49], [0x00, 0x49]] {
             try await t.simulator("PushNotification", [.string(strap), .string("2A37"), .bytes(v)])
         }
-        let got = try await withTimeout(5, "three notifications") {
+        let got = try await withTimeout(10, "three notifications") {
             var out: [[UInt8]] = []
             for try await v in values {
                 out.append(v)
@@ -414,14 +414,14 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         let custom = try p.characteristic("12345678-1234-5678-1234-56789abcdef1")
         #expect(!custom.notifyAcquireAvailable)  // indicate-only: no NotifyAcquired
         let values = try await p.notifications(for: custom)
-        try await eventually(3, "Notifying") { p.refreshed(custom)?.notifying == true }
+        try await eventually(10, "Notifying") { p.refreshed(custom)?.notifying == true }
         try await t.simulator(
             "PushNotification", [.string(strap), .string("12345678-1234-5678-1234-56789abcdef1"), .bytes([7])])
         var iterator = values.makeAsyncIterator()
         #expect(try await iterator.next() == [7])
         await p.stopNotifications(for: custom)
         #expect(try await iterator.next() == nil)
-        try await eventually(3, "Notifying false") { p.refreshed(custom)?.notifying == false }
+        try await eventually(10, "Notifying false") { p.refreshed(custom)?.notifying == false }
         await p.disconnect()
     }
 
@@ -470,7 +470,7 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         let final = await p.waitForDisconnection()
         #expect(final.kind == .bluetoothdStopped || final.kind == .unknown)
         #expect(p.disconnection?.kind == .bluetoothdStopped)
-        let sequence = try await withTimeout(5, "bluetoothd to come back") {
+        let sequence = try await withTimeout(10, "bluetoothd to come back") {
             var seen: [BlueZClientEvent] = []
             for await e in events {
                 seen.append(e)
@@ -484,11 +484,11 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         #expect(sequence.last == .bluetoothdStarted)
         #expect(
             sequence.contains { if case .adapterAdded(let a) = $0 { return a.name == "hci0" } else { return false } })
-        try await eventually(5, "the mirror to be rebuilt") {
+        try await eventually(10, "the mirror to be rebuilt") {
             t.client.isBluetoothdRunning && !t.client.adapters.isEmpty
         }
         // The discovery was restarted on the new bluetoothd and sees the strap again.
-        _ = try await firstEvent(discovery, timeout: 5) { event -> Bool? in
+        _ = try await firstEvent(discovery, timeout: 10) { event -> Bool? in
             if case .appeared(let d) = event, d.address == strap { return true }
             return nil
         }

@@ -109,7 +109,7 @@ final class SimClient: @unchecked Sendable {
     func discover(_ address: String) async throws -> BlueZDevice {
         let discovery = try await client.startDiscovery(on: try await adapter)
         defer { Task { await discovery.stop() } }
-        let device = try await firstEvent(discovery, timeout: 5) { event in
+        let device = try await firstEvent(discovery, timeout: 10) { event in
             if case .appeared(let d) = event, d.address == address { return d }
             return nil
         }
