@@ -164,9 +164,8 @@ struct BLESession {
         }
     }
 
-    /// The device with `address`; scans for it (up to `--scan-timeout`) when BlueZ does not know it.
-    func device(_ address: String, args: BLEArguments) async throws(BLEFailure) -> BlueZDevice {
-        if let d = client.device(address: address, on: adapter) { return d }
+    /// Scans until `address` advertises, then stops scanning and returns the device as BlueZ then has it.
+    func scan(for address: String, args: BLEArguments) async throws(BLEFailure) -> BlueZDevice {
         let limit = try args.seconds("--scan-timeout", default: 10)
         do {
             let discovery = try await client.startDiscovery(
@@ -203,12 +202,26 @@ struct BLESession {
                 + "or out of range)", code: ExitCode.unavailable)
     }
 
-    /// Connects to the device with `address`.
+    /// Connects to the device with `address`. When BlueZ forgot a device it knew a moment ago (expired from its
+    /// cache), scans for it once and tries again.
     func connect(_ address: String, args: BLEArguments) async throws(BLEFailure) -> BlueZPeripheral {
-        let device = try await device(address, args: args)
+        let known = client.device(address: address, on: adapter)
+        let device: BlueZDevice
+        if let known {
+            device = known
+        } else {
+            device = try await scan(for: address, args: args)
+        }
         let timeout = try args.seconds("--timeout", default: 20)
+        let options = BlueZConnectOptions(timeout: seconds(timeout))
         do {
-            return try await client.connect(device, options: BlueZConnectOptions(timeout: seconds(timeout)))
+            return try await client.connect(device, options: options)
+        } catch {
+            guard case .deviceNotFound = error, known != nil else { throw BLEFailure(error) }
+        }
+        let fresh = try await scan(for: address, args: args)
+        do {
+            return try await client.connect(fresh, options: options)
         } catch {
             throw BLEFailure(error)
         }
