@@ -48,6 +48,7 @@ public enum BridgeCLI {
     public static let commands: [any CLICommand.Type] = [
         DecodeCommand.self,
         // scan, explore, read, write, notify (BlueZ)
+        ScanCommand.self, ExploreCommand.self, ReadCommand.self, WriteCommand.self, NotifyCommand.self,
     ]
 
     /// Runs the command line (without the program name) and returns the exit code.

@@ -1,0 +1,536 @@
+// Discovery sessions: active (SetDiscoveryFilter + StartDiscovery) or passive (an AdvertisementMonitor1 tree we
+// export), each on its own D-Bus connection so its BlueZ session and filter die with it. Device events come from
+// the client's mirror, re-filtered here because BlueZ merges every client's filter with OR.
+import DBus
+import Synchronization
+
+/// The transport a discovery looks for.
+public enum BlueZTransport: String, Sendable, Hashable {
+    /// Both transports.
+    case auto
+    /// BR/EDR (classic) only.
+    case bredr
+    /// Low Energy only.
+    case le
+}
+
+/// One `or_patterns` entry of an advertisement monitor: AD `type` whose data holds `content` at `start`.
+public struct BlueZAdvertisementPattern: Sendable, Hashable {
+    /// Offset in the AD structure's data.
+    public var start: UInt8
+    /// AD type (0x03 complete 16-bit UUIDs, 0x16 service data, 0xFF manufacturer data, ...).
+    public var adType: UInt8
+    /// The bytes to match.
+    public var content: [UInt8]
+
+    /// A pattern matching `content` at `start` in AD structures of type `adType`.
+    public init(start: UInt8 = 0, adType: UInt8, content: [UInt8]) {
+        self.start = start
+        self.adType = adType
+        self.content = content
+    }
+}
+
+/// What to look for.
+public struct BlueZDiscoveryFilter: Sendable, Hashable {
+    /// Only devices advertising one of these services (any form: `180d`, full 128-bit). Empty: all.
+    public var serviceUUIDs: [String]
+    /// Only advertisements at least this strong (dBm).
+    public var rssiThreshold: Int16?
+    /// Report every advertisement, not only changed ones (BlueZ's `DuplicateData`).
+    public var duplicateData: Bool
+    /// LE, BR/EDR, or both.
+    public var transport: BlueZTransport
+    /// Ask for passive scanning (AdvertisementMonitor1); falls back to active scanning when unavailable.
+    public var passive: Bool
+    /// Patterns for passive scanning; derived from `serviceUUIDs` when empty.
+    public var patterns: [BlueZAdvertisementPattern]
+    /// Restart discovery when no advertisement was seen for this long, or when the adapter stopped discovering.
+    /// Nil disables the watchdog.
+    public var watchdogInterval: Duration?
+
+    /// A filter; the defaults scan everything over LE, actively, with BlueZ's duplicate suppression.
+    public init(
+        serviceUUIDs: [String] = [], rssiThreshold: Int16? = nil, duplicateData: Bool = false,
+        transport: BlueZTransport = .le, passive: Bool = false, patterns: [BlueZAdvertisementPattern] = [],
+        watchdogInterval: Duration? = .seconds(120)
+    ) {
+        self.serviceUUIDs = serviceUUIDs
+        self.rssiThreshold = rssiThreshold
+        self.duplicateData = duplicateData
+        self.transport = transport
+        self.passive = passive
+        self.patterns = patterns
+        self.watchdogInterval = watchdogInterval
+    }
+
+    /// True when `device` passes this filter on the client side.
+    public func matches(_ device: BlueZDevice) -> Bool {
+        if let rssiThreshold, let rssi = device.rssi, rssi < rssiThreshold { return false }
+        if !serviceUUIDs.isEmpty {
+            let wanted = Set(serviceUUIDs.compactMap(bluezUUIDString))
+            let advertised = Set(device.uuids).union(device.serviceData.keys)
+            if wanted.isDisjoint(with: advertised) { return false }
+        }
+        return true
+    }
+
+    /// The monitor patterns to use: the explicit ones, else one per service UUID (UUID lists and service data).
+    var effectivePatterns: [BlueZAdvertisementPattern] {
+        if !patterns.isEmpty { return patterns }
+        var out: [BlueZAdvertisementPattern] = []
+        for text in serviceUUIDs {
+            guard let full = bluezUUIDString(text), let bytes = uuidBytesLittleEndian(full) else { continue }
+            if full.hasPrefix("0000"), full.hasSuffix("-0000-1000-8000-00805f9b34fb") {
+                let short = Array(bytes[12..<14])
+                out.append(.init(adType: 0x02, content: short))
+                out.append(.init(adType: 0x03, content: short))
+                out.append(.init(adType: 0x16, content: short))
+            } else {
+                out.append(.init(adType: 0x06, content: bytes))
+                out.append(.init(adType: 0x07, content: bytes))
+                out.append(.init(adType: 0x21, content: bytes))
+            }
+        }
+        return out
+    }
+}
+
+/// The 16 bytes of a canonical UUID string, least significant first (as they go over the air).
+func uuidBytesLittleEndian(_ uuid: String) -> [UInt8]? {
+    let hex = Array(uuid.filter { $0 != "-" })
+    guard hex.count == 32 else { return nil }
+    var out: [UInt8] = []
+    for i in stride(from: 0, to: 32, by: 2) {
+        guard let b = UInt8(String(hex[i..<i + 2]), radix: 16) else { return nil }
+        out.append(b)
+    }
+    return out.reversed()
+}
+
+/// What a discovery reports.
+public enum BlueZDiscoveryEvent: Sendable, Hashable {
+    /// A matching device was seen for the first time in this session.
+    case appeared(BlueZDevice)
+    /// A reported device's advertisement changed (RSSI, data, name...).
+    case updated(BlueZDevice)
+    /// A reported device left BlueZ's tree (expired, removed, or bluetoothd stopped).
+    case lost(BlueZDevice)
+
+    /// The device the event is about.
+    public var device: BlueZDevice {
+        switch self {
+        case .appeared(let d), .updated(let d), .lost(let d): return d
+        }
+    }
+}
+
+/// How a discovery scans.
+public enum BlueZScanMode: String, Sendable, Hashable {
+    /// SetDiscoveryFilter + StartDiscovery (scan requests sent).
+    case active
+    /// An AdvertisementMonitor1 with or_patterns (no scan requests).
+    case passive
+}
+
+/// The events of one discovery session, in order. Ends when the session stops.
+public struct BlueZDiscoveryEvents: AsyncSequence, Sendable {
+    public typealias Element = BlueZDiscoveryEvent
+    let base: AsyncStream<BlueZDiscoveryEvent>
+
+    /// Iterates the events in order.
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        var base: AsyncStream<BlueZDiscoveryEvent>.AsyncIterator
+        public mutating func next() async -> BlueZDiscoveryEvent? { await base.next() }
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(base: base.makeAsyncIterator()) }
+}
+
+let advertisementKeys: Set<String> = [
+    "RSSI", "ManufacturerData", "ServiceData", "TxPower", "Name", "UUIDs", "AdvertisingData", "AdvertisingFlags",
+]
+
+/// A running discovery. Stop it with `stop()`; dropping it without stopping leaks nothing on BlueZ's side (its
+/// connection closes, which ends the BlueZ session) but ends the event stream only at `stop()` or deinit.
+public final class BlueZDiscovery: Sendable {
+    /// The adapter it runs on.
+    public let adapter: BlueZAdapter
+    /// The filter it was started with.
+    public let filter: BlueZDiscoveryFilter
+    /// Active or passive.
+    public let mode: BlueZScanMode
+    /// Why passive scanning was not used, when it was asked for.
+    public let fallbackReason: String?
+    /// Device events.
+    public let events: BlueZDiscoveryEvents
+
+    let client: BlueZClient
+    let connection: DBusConnection
+    let continuation: AsyncStream<BlueZDiscoveryEvent>.Continuation
+    let monitorRoot: DBusObjectPath
+    let server: DBusObjectServer?
+
+    struct State: Sendable {
+        var reported: [String: BlueZDevice] = [:]
+        var lastActivity = ContinuousClock.now
+        var subscription: UInt64?
+        var watchdog: Task<Void, Never>?
+        var restarting: Task<Void, Never>?
+        var stopped = false
+        var restarts = 0
+    }
+    let state = Mutex(State())
+
+    init(
+        client: BlueZClient, adapter: BlueZAdapter, filter: BlueZDiscoveryFilter, mode: BlueZScanMode,
+        fallbackReason: String?, connection: DBusConnection
+    ) {
+        self.client = client
+        self.adapter = adapter
+        self.filter = filter
+        self.mode = mode
+        self.fallbackReason = fallbackReason
+        self.connection = connection
+        let (stream, continuation) = AsyncStream<BlueZDiscoveryEvent>.makeStream(
+            bufferingPolicy: .bufferingNewest(4096))
+        self.events = BlueZDiscoveryEvents(base: stream)
+        self.continuation = continuation
+        let suffix = connection.uniqueName.filter { $0.isNumber || $0.isLetter }
+        monitorRoot = DBusObjectPath(stringLiteral: "/io/blebridge/monitor\(suffix)")
+        server = mode == .passive ? DBusObjectServer(connection: connection, objectManagerPath: monitorRoot) : nil
+    }
+
+    deinit {
+        let (sub, watchdog) = state.withLock { ($0.subscription, $0.watchdog) }
+        watchdog?.cancel()
+        if let sub { client.unsubscribe(sub) }
+        continuation.finish()
+        connection.close()
+    }
+
+    /// Number of times the watchdog or a bluetoothd restart restarted this discovery.
+    public var restartCount: Int { state.withLock { $0.restarts } }
+
+    /// Passive when asked for, offered by the adapter, and there is a pattern; else active, with the reason.
+    static func scanMode(adapter: BlueZAdapter, filter: BlueZDiscoveryFilter) -> (BlueZScanMode, String?) {
+        guard filter.passive else { return (.active, nil) }
+        if !adapter.supportsAdvertisementMonitor {
+            return (
+                .active,
+                "adapter \(adapter.name) has no AdvertisementMonitorManager1 (bluetoothd needs --experimental)"
+            )
+        }
+        if filter.effectivePatterns.isEmpty {
+            return (.active, "passive scanning needs at least one pattern or service UUID")
+        }
+        return (.passive, nil)
+    }
+
+    // MARK: starting and stopping
+
+    func begin() async throws(BlueZError) {
+        let id = client.subscribe { [weak self] event, tree in self?.handle(event, tree) }
+        state.withLock { $0.subscription = id }
+        do {
+            try await startOnBlueZ()
+        } catch {
+            client.unsubscribe(id)
+            connection.close()
+            continuation.finish()
+            throw error
+        }
+        // Devices already advertising (another client was scanning) count as seen now.
+        for device in client.tree.devices where device.adapterPath == adapter.path && device.rssi != nil {
+            report(device, advertisement: true)
+        }
+        if let interval = filter.watchdogInterval {
+            let task = Task { [weak self] in
+                guard let self else { return }
+                await self.runWatchdog(interval: interval)
+            }
+            state.withLock { $0.watchdog = task }
+        }
+    }
+
+    private var adapterPath: DBusObjectPath { DBusObjectPath(stringLiteral: adapter.path) }
+
+    private func startOnBlueZ() async throws(BlueZError) {
+        switch mode {
+        case .active:
+            try await setFilter(active: true)
+            try await callAdapter("StartDiscovery", tolerating: ["org.bluez.Error.InProgress"])
+        case .passive:
+            exportMonitor()
+            do {
+                _ = try await connection.call(
+                    destination: BlueZName.service, path: adapterPath, interface: BlueZName.monitorManager,
+                    method: "RegisterMonitor", arguments: [.objectPath(monitorRoot)], timeout: .seconds(10))
+            } catch {
+                if error.name == "org.bluez.Error.AlreadyExists" { return }
+                throw mapAdapterError(error, operation: "register advertisement monitor")
+            }
+        }
+    }
+
+    private func setFilter(active: Bool) async throws(BlueZError) {
+        var entries: [(String, DBusValue)] = []
+        if active {
+            entries.append(("Transport", .string(filter.transport.rawValue)))
+            entries.append(("DuplicateData", .boolean(filter.duplicateData)))
+            let uuids = filter.serviceUUIDs.compactMap(bluezUUIDString)
+            if !uuids.isEmpty { entries.append(("UUIDs", .array("s", uuids.map { .string($0) }))) }
+            if let rssi = filter.rssiThreshold { entries.append(("RSSI", .int16(rssi))) }
+        }
+        do {
+            _ = try await connection.call(
+                destination: BlueZName.service, path: adapterPath, interface: BlueZName.adapter,
+                method: "SetDiscoveryFilter", arguments: [.stringVariantDictionary(entries)], timeout: .seconds(10))
+        } catch {
+            if error.name == "org.bluez.Error.NotSupported" {
+                client.logger.warning(
+                    "adapter \(adapter.name): SetDiscoveryFilter not supported; scanning without a filter")
+                return
+            }
+            if error.name == "org.bluez.Error.InvalidArguments" {
+                throw .invalidArgument("adapter \(adapter.name): BlueZ rejected the discovery filter: \(error.message)")
+            }
+            throw mapAdapterError(error, operation: "set discovery filter")
+        }
+    }
+
+    private func callAdapter(_ method: String, tolerating: Set<String>) async throws(BlueZError) {
+        do {
+            _ = try await connection.call(
+                destination: BlueZName.service, path: adapterPath, interface: BlueZName.adapter, method: method,
+                timeout: .seconds(10))
+        } catch {
+            if tolerating.contains(error.name) { return }
+            throw mapAdapterError(error, operation: method)
+        }
+    }
+
+    private func mapAdapterError(_ error: DBusError, operation: String) -> BlueZError {
+        switch error.name {
+        case "org.bluez.Error.NotReady":
+            return .adapterUnavailable(adapter: adapter.name, reason: "powered off (\(operation): \(error.message))")
+        case DBusError.unknownObject, DBusError.unknownMethod:
+            return .adapterUnavailable(adapter: adapter.name, reason: "gone (\(operation): \(error.name))")
+        case DBusError.serviceUnknown, DBusError.noReply, DBusError.disconnected:
+            return .bluetoothdUnavailable(reason: "\(operation): \(BlueZDBusFailure(error))")
+        default:
+            return .failed(device: nil, operation: "adapter \(adapter.name): \(operation)", failure: .init(error))
+        }
+    }
+
+    /// StopDiscovery the way bleak does it: `InProgress` is a kernel stop/restart race, recovered with
+    /// Start+Stop; `NotReady` (powered off) and `Failed "No discovery started"` mean there is nothing to stop.
+    private func stopOnBlueZ() async {
+        switch mode {
+        case .active:
+            for attempt in 0..<4 {
+                do {
+                    _ = try await connection.call(
+                        destination: BlueZName.service, path: adapterPath, interface: BlueZName.adapter,
+                        method: "StopDiscovery", timeout: .seconds(10))
+                    break
+                } catch {
+                    if error.name == "org.bluez.Error.InProgress", attempt < 3 {
+                        client.logger.debug("StopDiscovery on \(adapter.name): InProgress; retrying with Start+Stop")
+                        await nap(.milliseconds(50 * (attempt + 1)))
+                        _ = try? await connection.call(
+                            destination: BlueZName.service, path: adapterPath, interface: BlueZName.adapter,
+                            method: "StartDiscovery", timeout: .seconds(10))
+                        continue
+                    }
+                    client.logger.debug("StopDiscovery on \(adapter.name): \(error) (nothing to stop)")
+                    break
+                }
+            }
+            try? await setFilter(active: false)
+        case .passive:
+            _ = try? await connection.call(
+                destination: BlueZName.service, path: adapterPath, interface: BlueZName.monitorManager,
+                method: "UnregisterMonitor", arguments: [.objectPath(monitorRoot)], timeout: .seconds(5))
+        }
+    }
+
+    /// Stops scanning, ends the event stream and closes the session's connection. Idempotent.
+    public func stop() async {
+        let (first, sub, watchdog, restarting) = state.withLock { s in
+            let first = !s.stopped
+            s.stopped = true
+            defer { s.subscription = nil }
+            return (first, s.subscription, s.watchdog, s.restarting)
+        }
+        guard first else { return }
+        watchdog?.cancel()
+        restarting?.cancel()
+        if let sub { client.unsubscribe(sub) }
+        if client.isBluetoothdRunning { await stopOnBlueZ() }
+        continuation.finish()
+        connection.close()
+    }
+
+    /// Restarts scanning on BlueZ (after a bluetoothd restart, or when the watchdog finds it silent).
+    private func restart(_ why: String) {
+        state.withLock { s in
+            guard !s.stopped, s.restarting == nil else { return }
+            s.restarts += 1
+            s.lastActivity = .now
+            s.restarting = Task { [weak self] in await self?.performRestart(why) }
+        }
+    }
+
+    private func performRestart(_ why: String) async {
+        client.logger.info("discovery on \(adapter.name): \(why); restarting it")
+        if mode == .active { await stopOnBlueZ() }
+        do {
+            try await startOnBlueZ()
+        } catch {
+            client.logger.warning("discovery on \(adapter.name): restart failed: \(error)")
+        }
+        state.withLock {
+            $0.restarting = nil
+            $0.lastActivity = .now
+        }
+    }
+
+    private func runWatchdog(interval: Duration) async {
+        let tick = max(interval / 4, .milliseconds(20))
+        while !Task.isCancelled {
+            await nap(tick)
+            if Task.isCancelled { return }
+            guard client.isBluetoothdRunning else { continue }
+            let silent = state.withLock { ContinuousClock.now - $0.lastActivity }
+            let tree = client.tree
+            let discovering = tree.adapter(at: adapter.path)?.discovering ?? false
+            if mode == .active, !discovering {
+                restart("the adapter is no longer discovering")
+            } else if silent > interval {
+                restart("no advertisement for \(formatSeconds(silent.seconds)) s")
+            }
+        }
+    }
+
+    // MARK: events
+
+    private func handle(_ event: BlueZTreeEvent, _ tree: BlueZObjectTree) {
+        switch event {
+        case .interfacesAdded(let path, let interfaces):
+            guard interfaces[BlueZName.device] != nil, let device = tree.device(at: path),
+                device.adapterPath == adapter.path
+            else { return }
+            report(device, advertisement: device.rssi != nil)
+        case .propertiesChanged(let path, BlueZName.device, let changed, _):
+            guard !advertisementKeys.isDisjoint(with: changed.keys), let device = tree.device(at: path),
+                device.adapterPath == adapter.path
+            else { return }
+            report(device, advertisement: true)
+        case .interfacesRemoved(let path, let names, _) where names.contains(BlueZName.device):
+            let lost = state.withLock { $0.reported.removeValue(forKey: path) }
+            if let lost { continuation.yield(.lost(lost)) }
+        case .daemonLost:
+            let lost = state.withLock { s -> [BlueZDevice] in
+                defer { s.reported = [:] }
+                return s.reported.values.sorted { $0.path < $1.path }
+            }
+            for d in lost { continuation.yield(.lost(d)) }
+        case .reloaded:
+            if tree.adapter(at: adapter.path) != nil, client.isBluetoothdRunning {
+                // After a restart bluetoothd has no record of our session: start it again.
+                restart("bluetoothd (re)appeared")
+            }
+        default:
+            return
+        }
+    }
+
+    private func report(_ device: BlueZDevice, advertisement: Bool) {
+        guard advertisement else { return }
+        let matches = filter.matches(device)
+        let event: BlueZDiscoveryEvent? = state.withLock { s in
+            guard !s.stopped else { return nil }
+            s.lastActivity = .now
+            if s.reported[device.path] != nil {
+                s.reported[device.path] = device
+                return .updated(device)
+            }
+            guard matches else { return nil }
+            s.reported[device.path] = device
+            return .appeared(device)
+        }
+        if let event { continuation.yield(event) }
+    }
+
+    // MARK: passive scanning
+
+    private func exportMonitor() {
+        guard let server else { return }
+        let monitorPath = monitorRoot.appending("monitor0")
+        let found: DBusMethodHandler = { [weak self] call in
+            if let self, let path = call.arguments.first?.objectPath?.rawValue,
+                let device = self.client.tree.device(at: path)
+            {
+                self.report(device, advertisement: true)
+            }
+            return .reply([])
+        }
+        let lost: DBusMethodHandler = { [weak self] call in
+            if let self, let path = call.arguments.first?.objectPath?.rawValue {
+                let device = self.state.withLock { $0.reported.removeValue(forKey: path) }
+                if let device { self.continuation.yield(.lost(device)) }
+            }
+            return .reply([])
+        }
+        let spec = DBusInterfaceSpec(
+            BlueZName.monitor,
+            methods: [
+                DBusMethodSpec("Release") { _ in .reply([]) },
+                DBusMethodSpec("Activate") { _ in .reply([]) },
+                DBusMethodSpec("DeviceFound", in: "o", argumentNames: ["device"], handler: found),
+                DBusMethodSpec("DeviceLost", in: "o", argumentNames: ["device"], handler: lost),
+            ],
+            properties: [
+                DBusPropertySpec("Type", "s"), DBusPropertySpec("Patterns", "a(yyay)"),
+            ])
+        let patterns = filter.effectivePatterns.map {
+            DBusValue.structure([.byte($0.start), .byte($0.adType), .bytes($0.content)])
+        }
+        var props: [String: DBusValue] = ["Type": .string("or_patterns"), "Patterns": .array("(yyay)", patterns)]
+        if let rssi = filter.rssiThreshold {
+            props["RSSILowThreshold"] = .int16(rssi)
+        }
+        if server.hasObject(at: monitorPath) { return }
+        server.addInterfaces(at: monitorPath, [(spec, props)])
+        server.flush()
+    }
+}
+
+extension BlueZClient {
+    /// Starts a discovery on `adapter`.
+    ///
+    /// Passive scanning is used when `filter.passive` is set, the adapter offers `AdvertisementMonitorManager1`,
+    /// and there is at least one pattern (explicit or from service UUIDs); otherwise it falls back to active
+    /// scanning and logs why.
+    /// - Throws: `BlueZError.adapterUnavailable` (absent or powered off), `.invalidArgument` (filter rejected).
+    public func startDiscovery(on adapter: BlueZAdapter, filter: BlueZDiscoveryFilter = BlueZDiscoveryFilter())
+        async throws(BlueZError) -> BlueZDiscovery
+    {
+        guard let current = tree.adapter(at: adapter.path) else {
+            throw .adapterUnavailable(adapter: adapter.name, reason: "gone")
+        }
+        guard current.powered else {
+            throw .adapterUnavailable(adapter: adapter.name, reason: "powered off (try 'bluetoothctl power on')")
+        }
+        let (mode, reason) = BlueZDiscovery.scanMode(adapter: current, filter: filter)
+        if let reason { logger.warning("passive scanning unavailable: \(reason); using active scanning") }
+        let connection = try Self.openConnection(bus)
+        let discovery = BlueZDiscovery(
+            client: self, adapter: current, filter: filter, mode: mode, fallbackReason: reason,
+            connection: connection)
+        try await discovery.begin()
+        logger.debug("discovery started on \(adapter.name) (\(mode.rawValue))")
+        return discovery
+    }
+}

@@ -1,0 +1,196 @@
+// One mirror of bluetoothd's ObjectManager tree. Pure state: it is filled from GetManagedObjects and updated
+// from InterfacesAdded/InterfacesRemoved/PropertiesChanged. Relations follow the Device/Service/Characteristic
+// properties, never the shape of the paths. The standard interfaces BlueZ lists with empty dicts are dropped.
+import DBus
+
+/// Interfaces every object lists and that carry nothing for a client.
+let ignoredInterfaces: Set<String> = [
+    "org.freedesktop.DBus.Introspectable", "org.freedesktop.DBus.Properties", "org.freedesktop.DBus.Peer",
+    "org.freedesktop.DBus.ObjectManager",
+]
+
+/// One change to the mirror, or a signal the mirror does not store (Device1.Disconnected).
+enum BlueZTreeEvent: Sendable {
+    /// Interfaces appeared on an object (with their properties).
+    case interfacesAdded(path: String, interfaces: [String: [String: DBusValue]])
+    /// Interfaces were removed; `previous` holds what the object had before.
+    case interfacesRemoved(path: String, interfaces: [String], previous: [String: [String: DBusValue]])
+    /// Properties changed or were invalidated.
+    case propertiesChanged(path: String, interface: String, changed: [String: DBusValue], invalidated: [String])
+    /// `Device1.Disconnected(reason, message)`, emitted right before `Connected: false`.
+    case deviceDisconnected(path: String, reason: String, message: String)
+    /// The mirror was replaced by a fresh GetManagedObjects.
+    case reloaded
+    /// bluetoothd left the bus; `previous` is the mirror before it was cleared.
+    case daemonLost(previous: BlueZObjectTree)
+}
+
+/// The mirror itself: properties by path and interface.
+struct BlueZObjectTree: Sendable {
+    private(set) var objects: [String: [String: [String: DBusValue]]] = [:]
+
+    /// Replaces everything with a GetManagedObjects reply body (`a{oa{sa{sv}}}`).
+    mutating func load(managedObjects value: DBusValue) {
+        objects = [:]
+        for entry in value.dictionaryEntries ?? [] {
+            guard let path = entry.key.string else { continue }
+            let interfaces = Self.interfaces(entry.value)
+            if !interfaces.isEmpty { objects[path] = interfaces }
+        }
+    }
+
+    /// Parses `a{sa{sv}}`, dropping the standard interfaces.
+    static func interfaces(_ value: DBusValue) -> [String: [String: DBusValue]] {
+        var out: [String: [String: DBusValue]] = [:]
+        for entry in value.dictionaryEntries ?? [] {
+            guard let name = entry.key.string, !ignoredInterfaces.contains(name) else { continue }
+            out[name] = entry.value.stringVariantDictionary ?? [:]
+        }
+        return out
+    }
+
+    /// Applies one signal from bluetoothd. Returns the event it amounts to, or nil when it means nothing here.
+    mutating func apply(_ message: DBusMessage) -> BlueZTreeEvent? {
+        guard message.type == .signal, let member = message.member else { return nil }
+        switch (message.interface, member) {
+        case (BlueZName.objectManager?, "InterfacesAdded"):
+            guard message.body.count >= 2, let path = message.body[0].string else { return nil }
+            let added = Self.interfaces(message.body[1])
+            guard !added.isEmpty else { return nil }
+            objects[path, default: [:]].merge(added) { old, new in old.merging(new) { $1 } }
+            return .interfacesAdded(path: path, interfaces: added)
+        case (BlueZName.objectManager?, "InterfacesRemoved"):
+            guard message.body.count >= 2, let path = message.body[0].string else { return nil }
+            let names = (message.body[1].arrayElements ?? []).compactMap(\.string).filter {
+                !ignoredInterfaces.contains($0)
+            }
+            guard let previous = objects[path], !names.isEmpty else { return nil }
+            var remaining = previous
+            for name in names { remaining[name] = nil }
+            objects[path] = remaining.isEmpty ? nil : remaining
+            return .interfacesRemoved(path: path, interfaces: names, previous: previous)
+        case (BlueZName.properties?, "PropertiesChanged"):
+            guard let path = message.path?.rawValue, message.body.count >= 2,
+                let interface = message.body[0].string, !ignoredInterfaces.contains(interface)
+            else { return nil }
+            let changed = message.body[1].stringVariantDictionary ?? [:]
+            let invalidated =
+                message.body.count >= 3 ? (message.body[2].arrayElements ?? []).compactMap(\.string) : []
+            // A signal for an object we do not know (e.g. one exported before our snapshot was taken and removed
+            // since) still updates what we have; it cannot create an interface out of nothing.
+            guard objects[path]?[interface] != nil else { return nil }
+            objects[path]?[interface]?.merge(changed) { $1 }
+            for name in invalidated { objects[path]?[interface]?[name] = nil }
+            return .propertiesChanged(path: path, interface: interface, changed: changed, invalidated: invalidated)
+        case (BlueZName.device?, "Disconnected"):
+            guard let path = message.path?.rawValue else { return nil }
+            let reason = message.body.first?.string ?? "org.bluez.Reason.Unknown"
+            let text = message.body.count > 1 ? (message.body[1].string ?? "") : ""
+            return .deviceDisconnected(path: path, reason: reason, message: text)
+        default:
+            return nil
+        }
+    }
+
+    mutating func clear() { objects = [:] }
+
+    // MARK: queries
+
+    func properties(_ path: String, _ interface: String) -> [String: DBusValue]? { objects[path]?[interface] }
+
+    func has(_ path: String, _ interface: String) -> Bool { objects[path]?[interface] != nil }
+
+    var adapters: [BlueZAdapter] {
+        objects.keys.sorted().compactMap { adapter(at: $0) }
+    }
+
+    func adapter(at path: String) -> BlueZAdapter? {
+        guard let ifaces = objects[path], let p = ifaces[BlueZName.adapter] else { return nil }
+        let name = path.split(separator: "/").last.map(String.init) ?? path
+        return BlueZAdapter(
+            path: path, name: name, address: (p["Address"]?.string ?? "").uppercased(),
+            powered: p["Powered"]?.bool ?? false, discovering: p["Discovering"]?.bool ?? false,
+            roles: (p["Roles"]?.arrayElements ?? []).compactMap(\.string),
+            supportsAdvertisementMonitor: ifaces[BlueZName.monitorManager] != nil)
+    }
+
+    func adapterState(_ selector: BlueZAdapterSelector) -> BlueZAdapterState {
+        guard let adapter = adapters.first(where: selector.matches) else { return .absent }
+        return adapter.powered ? .on(adapter) : .off(adapter)
+    }
+
+    func device(at path: String) -> BlueZDevice? {
+        guard let p = objects[path]?[BlueZName.device] else { return nil }
+        var manufacturer: [UInt16: [UInt8]] = [:]
+        for entry in p["ManufacturerData"]?.dictionaryEntries ?? [] {
+            if let id = entry.key.uint16, let bytes = entry.value.bytes { manufacturer[id] = bytes }
+        }
+        var serviceData: [String: [UInt8]] = [:]
+        for entry in p["ServiceData"]?.dictionaryEntries ?? [] {
+            if let uuid = entry.key.string, let bytes = entry.value.bytes { serviceData[uuid.lowercased()] = bytes }
+        }
+        return BlueZDevice(
+            path: path, adapterPath: p["Adapter"]?.string ?? "",
+            address: (p["Address"]?.string ?? "").uppercased(), addressType: p["AddressType"]?.string ?? "public",
+            name: p["Name"]?.string, alias: p["Alias"]?.string, rssi: p["RSSI"]?.int16,
+            txPower: p["TxPower"]?.int16, manufacturerData: manufacturer, serviceData: serviceData,
+            uuids: (p["UUIDs"]?.arrayElements ?? []).compactMap { $0.string?.lowercased() },
+            connected: p["Connected"]?.bool ?? false, servicesResolved: p["ServicesResolved"]?.bool ?? false,
+            paired: p["Paired"]?.bool ?? false)
+    }
+
+    var devices: [BlueZDevice] { objects.keys.sorted().compactMap { device(at: $0) } }
+
+    /// The device with `address` on `adapterPath` (any adapter when nil).
+    func device(address: String, adapterPath: String?) -> BlueZDevice? {
+        let wanted = address.uppercased()
+        return devices.first { $0.address == wanted && (adapterPath == nil || $0.adapterPath == adapterPath) }
+    }
+
+    func service(at path: String) -> BlueZService? {
+        guard let p = objects[path]?[BlueZName.gattService] else { return nil }
+        return BlueZService(
+            path: path, uuid: (p["UUID"]?.string ?? "").lowercased(), primary: p["Primary"]?.bool ?? true,
+            handle: p["Handle"]?.uint16, devicePath: p["Device"]?.string ?? "")
+    }
+
+    func services(ofDevice devicePath: String) -> [BlueZService] {
+        objects.keys.compactMap { service(at: $0) }.filter { $0.devicePath == devicePath }
+            .sorted { ($0.handle ?? 0, $0.path) < ($1.handle ?? 0, $1.path) }
+    }
+
+    func characteristic(at path: String) -> BlueZCharacteristic? {
+        guard let p = objects[path]?[BlueZName.characteristic] else { return nil }
+        return BlueZCharacteristic(
+            path: path, uuid: (p["UUID"]?.string ?? "").lowercased(), servicePath: p["Service"]?.string ?? "",
+            flags: (p["Flags"]?.arrayElements ?? []).compactMap(\.string), handle: p["Handle"]?.uint16,
+            mtu: p["MTU"]?.uint16, notifyAcquireAvailable: p["NotifyAcquired"] != nil,
+            notifying: p["Notifying"]?.bool ?? false, value: p["Value"]?.bytes)
+    }
+
+    func characteristics(ofService servicePath: String) -> [BlueZCharacteristic] {
+        objects.keys.compactMap { characteristic(at: $0) }.filter { $0.servicePath == servicePath }
+            .sorted { ($0.handle ?? 0, $0.path) < ($1.handle ?? 0, $1.path) }
+    }
+
+    func descriptor(at path: String) -> BlueZDescriptor? {
+        guard let p = objects[path]?[BlueZName.descriptor] else { return nil }
+        return BlueZDescriptor(
+            path: path, uuid: (p["UUID"]?.string ?? "").lowercased(),
+            characteristicPath: p["Characteristic"]?.string ?? "",
+            flags: (p["Flags"]?.arrayElements ?? []).compactMap(\.string), value: p["Value"]?.bytes)
+    }
+
+    func descriptors(ofCharacteristic characteristicPath: String) -> [BlueZDescriptor] {
+        objects.keys.compactMap { descriptor(at: $0) }.filter { $0.characteristicPath == characteristicPath }
+            .sorted { $0.path < $1.path }
+    }
+
+    /// The device path a service, characteristic or descriptor belongs to, following the properties upwards.
+    func devicePath(ofAttribute path: String) -> String? {
+        if let d = descriptor(at: path) { return devicePath(ofAttribute: d.characteristicPath) }
+        if let c = characteristic(at: path) { return service(at: c.servicePath)?.devicePath }
+        if let s = service(at: path) { return s.devicePath }
+        return nil
+    }
+}

@@ -1,0 +1,631 @@
+// A connected peripheral: its own D-Bus connection (so BlueZ's per-sender notify sessions die with it), connect
+// with the retries real BlueZ needs, GATT reads/writes/notifications, and disconnects told apart by cause.
+import DBus
+import Synchronization
+
+/// Why a connection ended.
+public struct BlueZDisconnectReason: Sendable, Hashable, CustomStringConvertible {
+    /// The cause, coarse.
+    public enum Kind: String, Sendable, Hashable {
+        /// Terminated by this host (us or another local client).
+        case local
+        /// Terminated by the peripheral.
+        case remote
+        /// Supervision timeout (out of range, powered off).
+        case timeout
+        /// Authentication failure.
+        case authentication
+        /// The host suspended.
+        case suspend
+        /// BlueZ did not say.
+        case unknown
+        /// bluetoothd left the bus.
+        case bluetoothdStopped
+        /// The device left BlueZ's tree.
+        case deviceRemoved
+    }
+
+    /// The cause.
+    public var kind: Kind
+    /// BlueZ's reason name (`org.bluez.Reason.Remote`), when the `Disconnected` signal came.
+    public var bluezReason: String?
+    /// BlueZ's text, or ours.
+    public var message: String
+    /// True when this client asked for the disconnect (`BlueZPeripheral.disconnect()`).
+    public var requested: Bool
+
+    /// True when the link was lost rather than closed on purpose: callers should reconnect only then.
+    public var isLinkLoss: Bool { !requested }
+
+    /// A reason.
+    public init(kind: Kind, bluezReason: String? = nil, message: String, requested: Bool = false) {
+        self.kind = kind
+        self.bluezReason = bluezReason
+        self.message = message
+        self.requested = requested
+    }
+
+    init(signalReason: String?, message: String?, requested: Bool) {
+        let kind: Kind
+        switch signalReason {
+        case "org.bluez.Reason.Local": kind = .local
+        case "org.bluez.Reason.Remote": kind = .remote
+        case "org.bluez.Reason.Timeout": kind = .timeout
+        case "org.bluez.Reason.Authentication": kind = .authentication
+        case "org.bluez.Reason.Suspend": kind = .suspend
+        default: kind = requested ? .local : .unknown
+        }
+        self.init(
+            kind: kind, bluezReason: signalReason,
+            message: message ?? (requested ? "disconnect requested" : "connection lost"), requested: requested)
+    }
+
+    public var description: String {
+        var text = "\(kind.rawValue): \(message)"
+        if requested { text += " (requested)" }
+        return text
+    }
+}
+
+/// How to write a characteristic.
+public enum BlueZWriteType: String, Sendable, Hashable {
+    /// Write request: the peer acknowledges; its ATT errors come back.
+    case request
+    /// Write command (without response).
+    case command
+}
+
+/// Connect options.
+public struct BlueZConnectOptions: Sendable, Hashable {
+    /// Overall limit for connect plus service resolution.
+    public var timeout: Duration
+    /// How many times to retry `le-connection-abort-by-local` (and a drop during service discovery).
+    public var abortRetries: Int
+
+    /// Options with a timeout and a retry budget.
+    public init(timeout: Duration = .seconds(20), abortRetries: Int = 2) {
+        self.timeout = timeout
+        self.abortRetries = abortRetries
+    }
+}
+
+func shortUUID(_ uuid: String) -> String {
+    if uuid.hasPrefix("0000"), uuid.hasSuffix("-0000-1000-8000-00805f9b34fb"), uuid.count == 36 {
+        return String(uuid.dropFirst(4).prefix(4)).uppercased()
+    }
+    return uuid
+}
+
+/// A peripheral connected through BlueZ. Obtain one from `BlueZClient.connect`.
+///
+/// It owns a D-Bus connection of its own; when the BLE connection ends (for any reason) that connection is
+/// closed, so BlueZ drops this peripheral's `StartNotify` sessions instead of re-registering them on the next
+/// connect. A new `connect` gives a new peripheral.
+public final class BlueZPeripheral: Sendable {
+    /// The client it belongs to.
+    public let client: BlueZClient
+    /// The device's object path.
+    public let devicePath: String
+    /// The adapter's object path.
+    public let adapterPath: String
+    /// Name and address, for messages.
+    public let label: BlueZDeviceLabel
+    let connection: DBusConnection
+
+    struct State: Sendable {
+        var connected = false
+        var disconnection: BlueZDisconnectReason?
+        var lastSignal: (reason: String, message: String)?
+        var disconnectRequested = false
+        var sawConnected: Bool?
+        var subscription: UInt64?
+        var sessions: [String: NotifySession] = [:]
+        var waiters: [OneShot<BlueZDisconnectReason>] = []
+        var negotiatedMTU: Int?
+    }
+    let state = Mutex(State())
+
+    init(client: BlueZClient, device: BlueZDevice, connection: DBusConnection) {
+        self.client = client
+        self.devicePath = device.path
+        self.adapterPath = device.adapterPath
+        self.label = device.label
+        self.connection = connection
+    }
+
+    deinit {
+        if let id = state.withLock({ $0.subscription }) { client.unsubscribe(id) }
+        connection.close()
+    }
+
+    private var path: DBusObjectPath { DBusObjectPath(stringLiteral: devicePath) }
+
+    /// The device as the mirror has it now (nil once it left BlueZ's tree).
+    public var device: BlueZDevice? { client.tree.device(at: devicePath) }
+
+    /// True until the connection ends.
+    public var isConnected: Bool { state.withLock { $0.connected && $0.disconnection == nil } }
+
+    /// Why the connection ended, once it has.
+    public var disconnection: BlueZDisconnectReason? { state.withLock { $0.disconnection } }
+
+    /// Waits until the connection ends and returns why.
+    public func waitForDisconnection() async -> BlueZDisconnectReason {
+        let shot = OneShot<BlueZDisconnectReason>()
+        let already = state.withLock { s -> BlueZDisconnectReason? in
+            if let d = s.disconnection { return d }
+            s.waiters.append(shot)
+            return nil
+        }
+        if let already { return already }
+        return await shot.value()
+    }
+
+    /// The ATT MTU: from AcquireNotify when one was done, else the largest characteristic `MTU` property.
+    public var mtu: Int? {
+        if let m = state.withLock({ $0.negotiatedMTU }) { return m }
+        let tree = client.tree
+        let all = tree.services(ofDevice: devicePath).flatMap { tree.characteristics(ofService: $0.path) }
+        return all.compactMap { $0.mtu.map(Int.init) }.max()
+    }
+
+    // MARK: connection lifecycle
+
+    func startTracking() {
+        let id = client.subscribe { [weak self] event, tree in self?.handle(event, tree) }
+        state.withLock { $0.subscription = id }
+    }
+
+    private func handle(_ event: BlueZTreeEvent, _ tree: BlueZObjectTree) {
+        switch event {
+        case .deviceDisconnected(let p, let reason, let message) where p == devicePath:
+            state.withLock { $0.lastSignal = (reason, message) }
+        case .propertiesChanged(let p, BlueZName.device, let changed, _) where p == devicePath:
+            guard let connected = changed["Connected"]?.bool else { return }
+            let established = state.withLock { s -> Bool in
+                s.sawConnected = connected
+                return s.connected
+            }
+            if !connected, established {
+                let (signal, requested) = state.withLock { ($0.lastSignal, $0.disconnectRequested) }
+                finish(
+                    BlueZDisconnectReason(
+                        signalReason: signal?.reason, message: signal?.message, requested: requested))
+            }
+        case .propertiesChanged(let p, BlueZName.characteristic, let changed, _):
+            guard let value = changed["Value"]?.bytes else { return }
+            let session = state.withLock { $0.sessions[p] }
+            session?.deliver(value)
+        case .interfacesRemoved(let p, let names, _) where p == devicePath && names.contains(BlueZName.device):
+            finish(BlueZDisconnectReason(kind: .deviceRemoved, message: "the device left BlueZ's object tree"))
+        case .daemonLost:
+            finish(BlueZDisconnectReason(kind: .bluetoothdStopped, message: "bluetoothd left the bus"))
+        default:
+            return
+        }
+    }
+
+    /// Marks the connection ended (once), ends every notification stream and closes our D-Bus connection.
+    func finish(_ reason: BlueZDisconnectReason) {
+        let result = state.withLock { s -> (Bool, [NotifySession], [OneShot<BlueZDisconnectReason>], UInt64?) in
+            guard s.disconnection == nil else { return (false, [], [], nil) }
+            var reason = reason
+            if s.disconnectRequested { reason.requested = true }
+            s.disconnection = reason
+            let sessions = Array(s.sessions.values)
+            s.sessions = [:]
+            let waiters = s.waiters
+            s.waiters = []
+            defer { s.subscription = nil }
+            return (s.connected, sessions, waiters, s.subscription)
+        }
+        let (wasConnected, sessions, waiters, subscription) = result
+        guard let final = disconnection else { return }
+        if let subscription { client.unsubscribe(subscription) }
+        for session in sessions { session.end(.disconnected(device: label, reason: final)) }
+        for w in waiters { w.complete(final) }
+        if wasConnected {
+            if final.requested {
+                client.logger.info("device \(label): disconnected (\(final))", ["ble.address": label.address])
+            } else {
+                client.logger.warning("device \(label): connection lost (\(final))", ["ble.address": label.address])
+            }
+        }
+        connection.close()
+    }
+
+    /// Connects, retrying and waiting as BLUEZ.md describes, until services are resolved.
+    func establish(_ options: BlueZConnectOptions) async throws(BlueZError) {
+        let deadline = Deadline(options.timeout)
+        var retries = 0
+        let log = client.logger.with(["ble.address": label.address])
+        while true {
+            guard let device = client.tree.device(at: devicePath) else {
+                throw .deviceNotFound(device: label, failure: nil)
+            }
+            if !(device.connected && device.servicesResolved) {
+                state.withLock { $0.sawConnected = nil }
+                log.debug("device \(label): Connect()")
+                do {
+                    _ = try await connection.call(
+                        destination: BlueZName.service, path: path, interface: BlueZName.device, method: "Connect",
+                        timeout: max(deadline.remaining, .milliseconds(1)))
+                } catch {
+                    switch error.name {
+                    case DBusError.unknownObject, DBusError.unknownMethod, "org.bluez.Error.DoesNotExist":
+                        throw .deviceNotFound(device: label, failure: .init(error))
+                    case "org.bluez.Error.Failed"
+                    where error.message == "le-connection-abort-by-local"
+                        && retries < options.abortRetries:
+                        retries += 1
+                        log.info(
+                            "device \(label): connect failed: \(BlueZDBusFailure(error)); retrying (attempt \(retries + 1))"
+                        )
+                        // BlueZ may have had the link up: wait for Connected=false before retrying (bleak #1255).
+                        await waitForConnectedFalse(deadline)
+                        continue
+                    case "org.bluez.Error.InProgress":
+                        if deadline.expired { break }
+                        log.debug("device \(label): Connect() in progress elsewhere; retrying")
+                        await nap(.milliseconds(100))
+                        continue
+                    case DBusError.noReply, DBusError.timedOut:
+                        await cancelConnect(log)
+                        throw .timeout(device: label, operation: "connect", seconds: deadline.total.seconds)
+                    case "org.bluez.Error.NotReady":
+                        throw .adapterUnavailable(
+                            adapter: adapterPath.split(separator: "/").last.map(String.init) ?? adapterPath,
+                            reason: "powered off (\(error.message))")
+                    default:
+                        break
+                    }
+                    if deadline.expired {
+                        await cancelConnect(log)
+                        throw .timeout(device: label, operation: "connect", seconds: deadline.total.seconds)
+                    }
+                    throw .connectionFailed(device: label, reason: error.message, failure: .init(error))
+                }
+            }
+            // Connect() returns before service discovery on LE: wait for ServicesResolved, or a drop.
+            enum Outcome: Sendable { case resolved, dropped, removed }
+            let path = devicePath
+            let outcome = await client.wait(timeout: deadline.remaining) { event, tree -> Outcome? in
+                guard let d = tree.device(at: path) else { return .removed }
+                if case .propertiesChanged(let p, BlueZName.device, let changed, _) = event, p == path,
+                    changed["Connected"]?.bool == false
+                {
+                    return .dropped
+                }
+                if d.connected && d.servicesResolved { return .resolved }
+                return nil
+            }
+            switch outcome {
+            case .resolved:
+                await settleServices(deadline)
+                state.withLock { $0.connected = true }
+                if let d = client.tree.device(at: devicePath), !d.connected {
+                    // Dropped between the wait and now.
+                    finish(BlueZDisconnectReason(signalReason: nil, message: "connection lost", requested: false))
+                }
+                log.info("device \(label): connected")
+                return
+            case .removed:
+                throw .deviceNotFound(device: label, failure: nil)
+            case .dropped:
+                if retries < options.abortRetries, !deadline.expired {
+                    retries += 1
+                    log.info("device \(label): dropped during service discovery; retrying (attempt \(retries + 1))")
+                    continue
+                }
+                let signal = state.withLock { $0.lastSignal }
+                throw .connectionFailed(
+                    device: label, reason: "disconnected during service discovery (\(signal?.message ?? "unknown"))",
+                    failure: nil)
+            case nil:
+                await cancelConnect(log)
+                throw .timeout(
+                    device: label, operation: "connect (waiting for services)", seconds: deadline.total.seconds)
+            }
+        }
+    }
+
+    private func waitForConnectedFalse(_ deadline: Deadline) async {
+        let path = devicePath
+        // If the link never came up (no Connected=true seen) there is little to wait for.
+        let sawUp = state.withLock { $0.sawConnected == true }
+        let limit = min(deadline.remaining, sawUp ? .seconds(3) : .milliseconds(300))
+        _ = await client.wait(timeout: limit) { [weak self] event, tree -> Bool? in
+            if case .propertiesChanged(let p, BlueZName.device, let changed, _) = event, p == path,
+                changed["Connected"]?.bool == false
+            {
+                return true
+            }
+            if event == nil, let self, self.state.withLock({ $0.sawConnected == false }) { return true }
+            return nil
+        }
+    }
+
+    /// bluez#1489: `ServicesResolved` can come before the service objects. When the mirror has none, ask
+    /// GetManagedObjects, then wait for the exports to settle.
+    private func settleServices(_ deadline: Deadline) async {
+        if !client.tree.services(ofDevice: devicePath).isEmpty { return }
+        client.logger.debug("device \(label): ServicesResolved but no services in the tree yet; re-reading it")
+        await client.refreshMissingObjects()
+        let path = devicePath
+        let limit = min(deadline.remaining, .seconds(3))
+        _ = await client.wait(timeout: limit) { _, tree in tree.services(ofDevice: path).isEmpty ? nil : true }
+        // Objects are exported one signal each: wait until none arrived for a short while.
+        let quiet = Duration.milliseconds(150)
+        let end = ContinuousClock.now + limit
+        while ContinuousClock.now < end {
+            let more = await client.wait(timeout: quiet) { event, tree -> Bool? in
+                if case .interfacesAdded(let p, _) = event, tree.devicePath(ofAttribute: p) == path { return true }
+                return nil
+            }
+            if more == nil { break }
+        }
+    }
+
+    private func cancelConnect(_ log: BlueZLogger) async {
+        log.debug("device \(label): cancelling the pending connect (Disconnect)")
+        state.withLock { $0.disconnectRequested = true }
+        _ = try? await connection.call(
+            destination: BlueZName.service, path: path, interface: BlueZName.device, method: "Disconnect",
+            timeout: .seconds(5))
+    }
+
+    /// Disconnects on purpose: stops notifications (StopNotify, closing acquired sockets), calls
+    /// `Device1.Disconnect`, and waits for `Connected=false`. The reason reported has `requested == true`.
+    public func disconnect(timeout: Duration = .seconds(10)) async {
+        let (sessions, already) = state.withLock { s -> ([NotifySession], Bool) in
+            s.disconnectRequested = true
+            return (Array(s.sessions.values), s.disconnection != nil)
+        }
+        if already { return }
+        for session in sessions { await session.stop() }
+        _ = try? await connection.call(
+            destination: BlueZName.service, path: path, interface: BlueZName.device, method: "Disconnect",
+            timeout: timeout)
+        let path = devicePath
+        _ = await client.wait(timeout: .seconds(3)) { _, tree in
+            (tree.device(at: path)?.connected ?? false) ? nil : true
+        }
+        let signal = state.withLock { $0.lastSignal }
+        finish(BlueZDisconnectReason(signalReason: signal?.reason, message: signal?.message, requested: true))
+    }
+
+    // MARK: GATT discovery
+
+    /// The device's services (optionally only those with `uuid`, any form), in handle order.
+    public func services(uuid: String? = nil) -> [BlueZService] {
+        let wanted = uuid.flatMap(bluezUUIDString)
+        return client.tree.services(ofDevice: devicePath).filter { wanted == nil || $0.uuid == wanted }
+    }
+
+    /// Characteristics of `service` (all services when nil), optionally only those with `uuid`.
+    public func characteristics(of service: BlueZService? = nil, uuid: String? = nil) -> [BlueZCharacteristic] {
+        let tree = client.tree
+        let wanted = uuid.flatMap(bluezUUIDString)
+        let services = service.map { [$0] } ?? tree.services(ofDevice: devicePath)
+        return services.flatMap { tree.characteristics(ofService: $0.path) }.filter {
+            wanted == nil || $0.uuid == wanted
+        }
+    }
+
+    /// The first characteristic with `uuid` (any form).
+    /// - Throws: `BlueZError.attributeNotFound`, or `.invalidArgument` for a malformed UUID.
+    public func characteristic(_ uuid: String) throws(BlueZError) -> BlueZCharacteristic {
+        guard let full = bluezUUIDString(uuid) else { throw .invalidArgument("'\(uuid)' is not a UUID") }
+        guard let c = characteristics(uuid: full).first else {
+            throw .attributeNotFound(device: label, attribute: "characteristic \(shortUUID(full))")
+        }
+        return c
+    }
+
+    /// Descriptors of a characteristic.
+    public func descriptors(of characteristic: BlueZCharacteristic) -> [BlueZDescriptor] {
+        client.tree.descriptors(ofCharacteristic: characteristic.path)
+    }
+
+    /// The characteristic as the mirror has it now (flags, MTU, cached value).
+    public func refreshed(_ characteristic: BlueZCharacteristic) -> BlueZCharacteristic? {
+        client.tree.characteristic(at: characteristic.path)
+    }
+
+    // MARK: GATT I/O
+
+    /// Runs a GATT call, poll-retrying `InProgress` every 10 ms until `timeout`, and maps errors.
+    func gattCall(
+        _ objectPath: String, interface: String, method: String, arguments: [DBusValue], operation: String,
+        timeout: Duration
+    ) async throws(BlueZError) -> [DBusValue] {
+        if let d = disconnection { throw .disconnected(device: label, reason: d) }
+        let deadline = Deadline(timeout)
+        while true {
+            do {
+                return try await connection.call(
+                    destination: BlueZName.service, path: DBusObjectPath(stringLiteral: objectPath),
+                    interface: interface, method: method, arguments: arguments,
+                    timeout: max(deadline.remaining, .milliseconds(1)))
+            } catch {
+                if error.name == "org.bluez.Error.InProgress", !deadline.expired {
+                    await nap(.milliseconds(10))
+                    continue
+                }
+                if error.name == DBusError.noReply || error.name == DBusError.timedOut {
+                    throw .timeout(device: label, operation: operation, seconds: timeout.seconds)
+                }
+                if error.name == DBusError.disconnected, let d = disconnection {
+                    throw .disconnected(device: label, reason: d)
+                }
+                throw mapDBusError(error, device: label, operation: operation)
+            }
+        }
+    }
+
+    /// Reads a characteristic (`ReadValue`).
+    public func read(_ characteristic: BlueZCharacteristic, timeout: Duration = .seconds(10))
+        async throws(BlueZError) -> [UInt8]
+    {
+        let reply = try await gattCall(
+            characteristic.path, interface: BlueZName.characteristic, method: "ReadValue",
+            arguments: [.stringVariantDictionary([])], operation: "read \(shortUUID(characteristic.uuid))",
+            timeout: timeout)
+        return reply.first?.bytes ?? []
+    }
+
+    /// Reads a descriptor (`ReadValue`).
+    public func read(_ descriptor: BlueZDescriptor, timeout: Duration = .seconds(10)) async throws(BlueZError)
+        -> [UInt8]
+    {
+        let reply = try await gattCall(
+            descriptor.path, interface: BlueZName.descriptor, method: "ReadValue",
+            arguments: [.stringVariantDictionary([])], operation: "read descriptor \(shortUUID(descriptor.uuid))",
+            timeout: timeout)
+        return reply.first?.bytes ?? []
+    }
+
+    /// Writes a characteristic (`WriteValue` with `type` "request" or "command").
+    /// - Throws: `.notSupported` (e.g. a command on a characteristic without write-without-response),
+    ///   `.notPermitted`, `.notConnected`, `.timeout`.
+    public func write(
+        _ characteristic: BlueZCharacteristic, _ value: [UInt8], type: BlueZWriteType = .request,
+        timeout: Duration = .seconds(10)
+    ) async throws(BlueZError) {
+        _ = try await gattCall(
+            characteristic.path, interface: BlueZName.characteristic, method: "WriteValue",
+            arguments: [.bytes(value), .stringVariantDictionary([("type", .string(type.rawValue))])],
+            operation: "write \(shortUUID(characteristic.uuid))", timeout: timeout)
+    }
+
+    /// Writes a descriptor.
+    public func write(_ descriptor: BlueZDescriptor, _ value: [UInt8], timeout: Duration = .seconds(10))
+        async throws(BlueZError)
+    {
+        _ = try await gattCall(
+            descriptor.path, interface: BlueZName.descriptor, method: "WriteValue",
+            arguments: [.bytes(value), .stringVariantDictionary([])],
+            operation: "write descriptor \(shortUUID(descriptor.uuid))", timeout: timeout)
+    }
+
+    // MARK: notifications
+
+    /// Subscribes to a characteristic's notifications or indications.
+    ///
+    /// Uses `AcquireNotify` (one datagram per notification, read off a socket by a dispatch source) when the
+    /// characteristic exposes `NotifyAcquired` and `preferAcquire` is set, else `StartNotify` with values from
+    /// `PropertiesChanged(Value)`. The stream ends with `BlueZError.disconnected` when the connection ends, and
+    /// stops the subscription when the consumer stops iterating.
+    public func notifications(for characteristic: BlueZCharacteristic, preferAcquire: Bool = true)
+        async throws(BlueZError) -> BlueZNotifications
+    {
+        let op = "notify \(shortUUID(characteristic.uuid))"
+        if let d = disconnection { throw .disconnected(device: label, reason: d) }
+        let current = client.tree.characteristic(at: characteristic.path) ?? characteristic
+        guard current.canNotify else {
+            throw .notSupported(
+                device: label, operation: op,
+                failure: BlueZDBusFailure(
+                    name: "blebridge", message: "the characteristic has no notify or indicate flag"))
+        }
+        if let existing = state.withLock({ $0.sessions[characteristic.path] }) { await existing.stop() }
+        let session = NotifySession(peripheral: self, characteristic: current)
+        if preferAcquire, current.notifyAcquireAvailable {
+            do {
+                let reply = try await connection.call(
+                    destination: BlueZName.service, path: DBusObjectPath(stringLiteral: current.path),
+                    interface: BlueZName.characteristic, method: "AcquireNotify",
+                    arguments: [.stringVariantDictionary([])], timeout: .seconds(10))
+                if case .unixFD(let descriptor)? = reply.first {
+                    let fd = descriptor.take()
+                    if let mtu = reply.dropFirst().first?.uint16 {
+                        state.withLock { $0.negotiatedMTU = Int(mtu) }
+                    }
+                    session.startSocket(fd: fd)
+                    register(session)
+                    client.logger.debug("device \(label): \(op) via AcquireNotify")
+                    return session.stream
+                }
+                client.logger.debug("device \(label): AcquireNotify returned no fd; falling back to StartNotify")
+            } catch {
+                // InProgress: a StartNotify session exists (ours or another client's); NotPermitted: already
+                // acquired elsewhere. StartNotify still works in both cases.
+                client.logger.debug(
+                    "device \(label): AcquireNotify failed (\(BlueZDBusFailure(error))); using StartNotify")
+            }
+        }
+        // Deliver from now on: a notification can be processed before StartNotify's reply resumes us.
+        session.markStarted()
+        register(session)
+        do {
+            _ = try await gattCall(
+                current.path, interface: BlueZName.characteristic, method: "StartNotify", arguments: [],
+                operation: op, timeout: .seconds(10))
+        } catch {
+            state.withLock { s in
+                if s.sessions[current.path] === session { s.sessions[current.path] = nil }
+            }
+            session.end(nil)
+            throw error
+        }
+        client.logger.debug("device \(label): \(op) via StartNotify")
+        return session.stream
+    }
+
+    private func register(_ session: NotifySession) {
+        let ended = state.withLock { s -> BlueZDisconnectReason? in
+            if let d = s.disconnection { return d }
+            s.sessions[session.characteristic.path] = session
+            return nil
+        }
+        if let ended { session.end(.disconnected(device: label, reason: ended)) }
+    }
+
+    func unregister(_ session: NotifySession) {
+        state.withLock { s in
+            if s.sessions[session.characteristic.path] === session { s.sessions[session.characteristic.path] = nil }
+        }
+    }
+
+    /// Stops notifications on a characteristic (StopNotify, or closing the acquired socket).
+    public func stopNotifications(for characteristic: BlueZCharacteristic) async {
+        if let session = state.withLock({ $0.sessions[characteristic.path] }) { await session.stop() }
+    }
+}
+
+extension BlueZClient {
+    /// Connects to `device` and waits until its services are resolved.
+    ///
+    /// Retries `le-connection-abort-by-local` after `Connected=false`, poll-retries `InProgress`, cancels the
+    /// pending connect (`Disconnect`) on timeout, and re-reads the tree when `ServicesResolved` came before the
+    /// service objects (bluez#1489). Every peripheral has its own D-Bus connection.
+    /// - Throws: `.deviceNotFound` (not in BlueZ's tree: expired from its cache), `.connectionFailed(reason:)`,
+    ///   `.timeout`, `.adapterUnavailable`.
+    public func connect(_ device: BlueZDevice, options: BlueZConnectOptions = BlueZConnectOptions())
+        async throws(BlueZError) -> BlueZPeripheral
+    {
+        let connection = try Self.openConnection(bus)
+        let peripheral = BlueZPeripheral(client: self, device: device, connection: connection)
+        peripheral.startTracking()
+        do {
+            try await peripheral.establish(options)
+        } catch {
+            peripheral.state.withLock { $0.disconnectRequested = true }
+            peripheral.finish(BlueZDisconnectReason(kind: .local, message: "connect failed", requested: true))
+            throw error
+        }
+        return peripheral
+    }
+
+    /// Connects to the device with `address` on `adapter` (any adapter when nil).
+    /// - Throws: `.deviceNotFound` when BlueZ does not know the address (scan first), and what `connect(_:)`
+    ///   throws.
+    public func connect(
+        address: String, on adapter: BlueZAdapter? = nil, options: BlueZConnectOptions = BlueZConnectOptions()
+    ) async throws(BlueZError) -> BlueZPeripheral {
+        guard let device = device(address: address, on: adapter) else {
+            throw .deviceNotFound(device: BlueZDeviceLabel(address: address.uppercased()), failure: nil)
+        }
+        return try await connect(device, options: options)
+    }
+}

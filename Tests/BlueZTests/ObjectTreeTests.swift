@@ -1,0 +1,264 @@
+// The mirror on its own: fed GetManagedObjects bodies and signals exactly as bluetoothd sends them.
+import DBus
+import Testing
+
+@testable import BlueZ
+
+private func props(_ entries: [(String, DBusValue)]) -> DBusValue { .stringVariantDictionary(entries) }
+
+private func interfaces(_ list: [(String, DBusValue)]) -> DBusValue {
+    .dictionary(key: "s", value: "a{sv}", list.map { DBusDictEntry(key: .string($0.0), value: $0.1) })
+}
+
+private func managed(_ objects: [(String, DBusValue)]) -> DBusValue {
+    .dictionary(
+        key: "o", value: "a{sa{sv}}",
+        objects.map { DBusDictEntry(key: .objectPath(DBusObjectPath(stringLiteral: $0.0)), value: $0.1) })
+}
+
+private let standard: [(String, DBusValue)] = [
+    ("org.freedesktop.DBus.Introspectable", props([])), ("org.freedesktop.DBus.Properties", props([])),
+]
+
+private func signal(_ path: String, _ interface: String, _ name: String, _ body: [DBusValue]) -> DBusMessage {
+    var m = DBusMessage.signal(path: DBusObjectPath(stringLiteral: path), interface: interface, name: name, body: body)
+    m.sender = ":1.1"
+    return m
+}
+
+private let dev = "/org/bluez/hci0/dev_AA_BB_CC_DD_EE_FF"
+
+private func baseTree() -> BlueZObjectTree {
+    var tree = BlueZObjectTree()
+    tree.load(
+        managedObjects: managed([
+            ("/org/bluez", interfaces(standard + [("org.bluez.AgentManager1", props([]))])),
+            (
+                "/org/bluez/hci0",
+                interfaces(
+                    standard + [
+                        (
+                            "org.bluez.Adapter1",
+                            props([
+                                ("Address", .string("00:1a:7d:da:71:10")), ("Powered", .boolean(true)),
+                                ("Discovering", .boolean(false)), ("Roles", .array("s", [.string("central")])),
+                            ])
+                        )
+                    ])
+            ),
+            (
+                dev,
+                interfaces(
+                    standard + [
+                        (
+                            "org.bluez.Device1",
+                            props([
+                                ("Address", .string("AA:BB:CC:DD:EE:FF")), ("AddressType", .string("random")),
+                                ("Adapter", .objectPath("/org/bluez/hci0")), ("RSSI", .int16(-61)),
+                                ("Connected", .boolean(false)),
+                                (
+                                    "ManufacturerData",
+                                    .dictionary(
+                                        key: "q", value: "v",
+                                        [DBusDictEntry(key: .uint16(0x0499), value: .variant(.bytes([5, 1])))])
+                                ),
+                            ])
+                        )
+                    ])
+            ),
+            // Deliberately not nested under the device path: relations must come from the properties.
+            (
+                "/elsewhere/s1",
+                interfaces([
+                    (
+                        "org.bluez.GattService1",
+                        props([
+                            ("UUID", .string("0000180F-0000-1000-8000-00805F9B34FB")),
+                            ("Device", .objectPath(DBusObjectPath(stringLiteral: dev))), ("Primary", .boolean(true)),
+                        ])
+                    )
+                ])
+            ),
+            (
+                "/elsewhere/c1",
+                interfaces([
+                    (
+                        "org.bluez.GattCharacteristic1",
+                        props([
+                            ("UUID", .string("00002a19-0000-1000-8000-00805f9b34fb")),
+                            ("Service", .objectPath("/elsewhere/s1")),
+                            ("Flags", .array("s", [.string("read"), .string("notify")])),
+                            ("NotifyAcquired", .boolean(false)),
+                        ])
+                    )
+                ])
+            ),
+        ]))
+    return tree
+}
+
+@Suite struct ObjectTreeTests {
+    @Test func loadsAndIgnoresStandardInterfaces() {
+        let tree = baseTree()
+        #expect(tree.properties("/org/bluez/hci0", "org.freedesktop.DBus.Properties") == nil)
+        #expect(tree.adapters.map(\.name) == ["hci0"])
+        #expect(tree.adapters.first?.address == "00:1A:7D:DA:71:10")
+        let d = tree.device(address: "aa:bb:cc:dd:ee:ff", adapterPath: "/org/bluez/hci0")
+        #expect(d?.addressType == "random")
+        #expect(d?.rssi == -61)
+        #expect(d?.manufacturerData == [0x0499: [5, 1]])
+        #expect(d?.name == nil)
+    }
+
+    @Test func followsRelationPropertiesNotPaths() {
+        let tree = baseTree()
+        let services = tree.services(ofDevice: dev)
+        #expect(services.map(\.uuid) == ["0000180f-0000-1000-8000-00805f9b34fb"])
+        let chars = tree.characteristics(ofService: "/elsewhere/s1")
+        #expect(chars.map(\.uuid) == ["00002a19-0000-1000-8000-00805f9b34fb"])
+        #expect(chars.first?.canNotify == true)
+        #expect(chars.first?.notifyAcquireAvailable == true)
+        #expect(tree.devicePath(ofAttribute: "/elsewhere/c1") == dev)
+    }
+
+    @Test func appliesPropertiesChangedWithInvalidation() {
+        var tree = baseTree()
+        let event = tree.apply(
+            signal(
+                dev, "org.freedesktop.DBus.Properties", "PropertiesChanged",
+                [.string("org.bluez.Device1"), props([("Name", .string("Thermo"))]), .array("s", [.string("RSSI")])]))
+        guard case .propertiesChanged(let path, _, let changed, let invalidated)? = event else {
+            Issue.record("no event")
+            return
+        }
+        #expect(path == dev)
+        #expect(changed["Name"]?.string == "Thermo")
+        #expect(invalidated == ["RSSI"])
+        #expect(tree.device(at: dev)?.rssi == nil)
+        #expect(tree.device(at: dev)?.name == "Thermo")
+        // A change for an object the mirror does not have creates nothing.
+        let stray = tree.apply(
+            signal(
+                "/org/bluez/hci0/dev_11_22_33_44_55_66", "org.freedesktop.DBus.Properties", "PropertiesChanged",
+                [.string("org.bluez.Device1"), props([("RSSI", .int16(-40))]), .array("s", [])]))
+        #expect(stray == nil)
+        #expect(tree.devices.count == 1)
+    }
+
+    @Test func interfacesAddedAndRemovedWithStandardNames() {
+        var tree = baseTree()
+        let newDev = "/org/bluez/hci0/dev_11_22_33_44_55_66"
+        _ = tree.apply(
+            signal(
+                "/", "org.freedesktop.DBus.ObjectManager", "InterfacesAdded",
+                [
+                    .objectPath(DBusObjectPath(stringLiteral: newDev)),
+                    interfaces(
+                        standard + [
+                            (
+                                "org.bluez.Device1",
+                                props([
+                                    ("Address", .string("11:22:33:44:55:66")),
+                                    ("Adapter", .objectPath("/org/bluez/hci0")),
+                                ])
+                            )
+                        ]),
+                ]))
+        #expect(tree.devices.count == 2)
+        let removed = tree.apply(
+            signal(
+                "/", "org.freedesktop.DBus.ObjectManager", "InterfacesRemoved",
+                [
+                    .objectPath(DBusObjectPath(stringLiteral: newDev)),
+                    .array(
+                        "s",
+                        [
+                            .string("org.freedesktop.DBus.Properties"), .string("org.freedesktop.DBus.Introspectable"),
+                            .string("org.bluez.Device1"),
+                        ]),
+                ]))
+        guard case .interfacesRemoved(_, let names, let previous)? = removed else {
+            Issue.record("no removal event")
+            return
+        }
+        #expect(names == ["org.bluez.Device1"])
+        #expect(previous["org.bluez.Device1"]?["Address"]?.string == "11:22:33:44:55:66")
+        #expect(tree.devices.count == 1)
+    }
+
+    @Test func disconnectedSignalCarriesReason() {
+        var tree = baseTree()
+        let event = tree.apply(
+            signal(
+                dev, "org.bluez.Device1", "Disconnected",
+                [.string("org.bluez.Reason.Remote"), .string("Connection terminated by remote user")]))
+        guard case .deviceDisconnected(let path, let reason, let message)? = event else {
+            Issue.record("no event")
+            return
+        }
+        #expect(path == dev)
+        #expect(reason == "org.bluez.Reason.Remote")
+        #expect(message == "Connection terminated by remote user")
+        let r = BlueZDisconnectReason(signalReason: reason, message: message, requested: false)
+        #expect(r.kind == .remote && r.isLinkLoss)
+    }
+}
+
+@Suite struct ValueTests {
+    @Test func uuidNormalisation() {
+        #expect(bluezUUIDString("2A37") == "00002a37-0000-1000-8000-00805f9b34fb")
+        #expect(bluezUUIDString("0x180d") == "0000180d-0000-1000-8000-00805f9b34fb")
+        #expect(bluezUUIDString("12345678123456781234567812345678") == "12345678-1234-5678-1234-567812345678")
+        #expect(bluezUUIDString("heart_rate") == nil)
+        #expect(bluezUUIDString("123") == nil)
+    }
+
+    @Test func passivePatternsFromServiceUUIDs() {
+        let filter = BlueZDiscoveryFilter(serviceUUIDs: ["181A"], passive: true)
+        #expect(filter.effectivePatterns.map(\.adType) == [0x02, 0x03, 0x16])
+        #expect(filter.effectivePatterns.first?.content == [0x1A, 0x18])
+        let long = BlueZDiscoveryFilter(serviceUUIDs: ["12345678-1234-5678-1234-56789abcdef0"])
+        #expect(long.effectivePatterns.first?.content.first == 0xF0)
+        #expect(long.effectivePatterns.first?.content.count == 16)
+    }
+
+    @Test func passiveFallsBackWithoutAMonitorManager() {
+        var adapter = baseTree().adapters[0]
+        #expect(!adapter.supportsAdvertisementMonitor)
+        let passive = BlueZDiscoveryFilter(serviceUUIDs: ["FCD2"], passive: true)
+        let (mode, reason) = BlueZDiscovery.scanMode(adapter: adapter, filter: passive)
+        #expect(mode == .active)
+        #expect(reason == "adapter hci0 has no AdvertisementMonitorManager1 (bluetoothd needs --experimental)")
+        adapter.supportsAdvertisementMonitor = true
+        #expect(BlueZDiscovery.scanMode(adapter: adapter, filter: passive) == (.passive, nil))
+        #expect(BlueZDiscovery.scanMode(adapter: adapter, filter: BlueZDiscoveryFilter()) == (.active, nil))
+    }
+
+    @Test func clientSideFilter() {
+        let tree = baseTree()
+        let d = tree.device(at: dev)!
+        #expect(BlueZDiscoveryFilter(rssiThreshold: -70).matches(d))
+        #expect(!BlueZDiscoveryFilter(rssiThreshold: -50).matches(d))
+        #expect(!BlueZDiscoveryFilter(serviceUUIDs: ["180D"]).matches(d))
+    }
+
+    @Test func errorMessagesNameTheDevice() {
+        let label = BlueZDeviceLabel(address: "A4:C1:38:00:11:22", name: "kitchen-thermo")
+        let e = BlueZError.connectionFailed(
+            device: label, reason: "le-connection-abort-by-local",
+            failure: BlueZDBusFailure(name: "org.bluez.Error.Failed", message: "le-connection-abort-by-local"))
+        #expect(
+            e.description
+                == "device kitchen-thermo (A4:C1:38:00:11:22): connect failed: org.bluez.Error.Failed le-connection-abort-by-local"
+        )
+        let nf = BlueZError.deviceNotFound(device: BlueZDeviceLabel(address: "A4:C1:38:00:11:22"), failure: nil)
+        #expect(nf.description.hasPrefix("device A4:C1:38:00:11:22: not found"))
+        let unknown = mapDBusError(
+            DBusError(name: DBusError.unknownObject, message: "Unknown object"), device: label, operation: "connect",
+            objectIsDevice: true)
+        guard case .deviceNotFound = unknown else {
+            Issue.record("UnknownObject should map to deviceNotFound, got \(unknown)")
+            return
+        }
+    }
+}
