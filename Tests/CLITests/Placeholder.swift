@@ -1,5 +1,0 @@
-import Testing
-
-@Test func targetBuilds() {
-    #expect(Bool(true))
-}
