@@ -15,6 +15,7 @@ public struct BlueZDeviceLabel: Sendable, Hashable, CustomStringConvertible {
         self.name = name
     }
 
+    /// The text people read in logs and error output.
     public var description: String {
         if let name, !name.isEmpty { return "\(name) (\(address))" }
         return address
@@ -39,6 +40,7 @@ public struct BlueZDBusFailure: Sendable, Hashable, CustomStringConvertible {
         self.init(name: error.name, message: error.message)
     }
 
+    /// The text people read in logs and error output.
     public var description: String { message.isEmpty ? name : "\(name) \(message)" }
 }
 
@@ -85,6 +87,7 @@ public enum BlueZError: Error, Sendable, Equatable, CustomStringConvertible {
         }
     }
 
+    /// The text people read in logs and error output.
     public var description: String {
         func prefix(_ device: BlueZDeviceLabel?) -> String { device.map { "device \($0): " } ?? "" }
         func detail(_ f: BlueZDBusFailure?) -> String { f.map { ": \($0)" } ?? "" }
@@ -124,7 +127,7 @@ public enum BlueZError: Error, Sendable, Equatable, CustomStringConvertible {
 }
 
 func formatSeconds(_ seconds: Double) -> String {
-    if seconds == seconds.rounded() { return String(Int(seconds)) }
+    if seconds == seconds.rounded(), abs(seconds) < 1e15 { return String(Int64(seconds)) }
     return String((seconds * 10).rounded() / 10)
 }
 
