@@ -36,6 +36,7 @@ public enum BlueZAdapterState: Sendable, Hashable, CustomStringConvertible {
         }
     }
 
+    /// The text people read in logs and error output.
     public var description: String {
         switch self {
         case .absent: return "absent"
@@ -71,6 +72,7 @@ public enum BlueZAdapterSelector: Sendable, Hashable, CustomStringConvertible {
         }
     }
 
+    /// The text people read in logs and error output.
     public var description: String {
         switch self {
         case .any: return "(default)"

@@ -38,6 +38,7 @@ public struct DeclarativeFieldSpec: Sendable, Equatable {
     /// For `utf8` and `hex`: the length in octets; nil = to the end of the value.
     public var length: Int?
 
+    /// Creates a field; `type` and the other values are checked when the parser is built.
     public init(
         name: String, type: String, offset: Int, scale: Double? = nil, add: Double? = nil,
         enumNames: [Int64: String]? = nil, length: Int? = nil
@@ -65,6 +66,7 @@ public struct DeclarativeParserError: Error, Sendable, Equatable, CustomStringCo
         self.reason = reason
     }
 
+    /// The text people read in logs and error output.
     public var description: String { "\(path): \(reason)" }
 }
 
@@ -144,7 +146,9 @@ public struct DeclarativeParser: GATTCharacteristicParser {
         let enumNames: [Int64: String]?
     }
 
+    /// The characteristic UUIDs this parser handles.
     public let uuids: [BluetoothUUID]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name: String
     let fields: [Field]
     /// Octets the fixed-size fields need.
@@ -241,6 +245,7 @@ public struct DeclarativeParser: GATTCharacteristicParser {
         self.minimumLength = minimumLength
     }
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         var reading = GATTReading(capacity: fields.count + 2)
         for field in fields {
@@ -292,6 +297,7 @@ public struct DeclarativeParser: GATTCharacteristicParser {
         return .double(result)
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         var out = [UInt8](repeating: 0, count: minimumLength)
         for field in fields {
