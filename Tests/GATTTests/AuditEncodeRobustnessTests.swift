@@ -21,7 +21,8 @@ struct AuditEncodeRobustnessTests {
         for parser in BuiltInCharacteristicParsers.all {
             var readings: [GATTReading] = []
             for _ in 0..<400 where readings.count < 6 {
-                let bytes = (0..<Int.random(in: 1...24, using: &rng)).map { _ in UInt8.random(in: 0...255, using: &rng) }
+                let bytes = (0..<Int.random(in: 1...24, using: &rng)).map { _ in UInt8.random(in: 0...255, using: &rng)
+                }
                 if let reading = try? parser.decode(bytes, context: GATTDecodeContext()) { readings.append(reading) }
             }
             for reading in readings {
@@ -61,5 +62,42 @@ struct AuditEncodeRobustnessTests {
             }
         }
         #expect(try parser.encode(GATTReading([GATTField("battery_pct", .int(57))])) == [57])
+    }
+
+    @Test("BTHome objects of every id with hostile values encode or throw")
+    func bthomeHostileObjects() {
+        var encoded = 0
+        for id in UInt8(0)...255 {
+            for hostile in auditHostileValues + [.array([.string("rotate_left"), .double(1e300)])] {
+                if (try? BTHomeEncoder.encode([BTHomeObject(id: id, hostile)])) != nil { encoded += 1 }
+            }
+        }
+        #expect(encoded > 0)
+    }
+
+    @Test("a declared parser of every field type encodes hostile values or throws")
+    func declaredHostileValues() throws {
+        let fields: [DeclarativeFieldSpec] = [
+            .init(name: "a", type: "s24be", offset: 0, scale: 0.01, add: 3),
+            .init(name: "b", type: "sfloat", offset: 3),
+            .init(name: "c", type: "float", offset: 5, scale: 1e-300), .init(name: "d", type: "bool:bit12", offset: 1),
+            .init(name: "e", type: "u8", offset: 9, enumNames: [1: "one"]),
+            .init(name: "f", type: "utf8", offset: 10, length: 3), .init(name: "g", type: "hex", offset: 13),
+        ]
+        let parser = try DeclarativeParser(DeclarativeParserSpec(name: "audit_declared", uuid: "FFF2", fields: fields))
+        let valid: [GATTValue] = [
+            .double(1.5), .double(2), .double(3), .bool(true), .int(1), .string("ab"), .string("00"),
+        ]
+        for index in fields.indices {
+            for hostile in auditHostileValues {
+                var values = valid
+                values[index] = hostile
+                _ = try? parser.encode(GATTReading(zip(fields, values).map { GATTField($0.name, $1) }))
+            }
+        }
+        #expect(throws: GATTParseError.self) {
+            try parser.encode(
+                GATTReading(zip(fields, [.double(1e300)] + valid.dropFirst()).map { GATTField($0.name, $1) }))
+        }
     }
 }
