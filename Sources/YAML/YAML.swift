@@ -140,6 +140,9 @@ public struct YAMLError: Error, Sendable, Equatable, CustomStringConvertible {
 
 /// Parses YAML (or JSON) text with libyaml.
 public enum YAMLParser {
+    /// The deepest nesting of mappings and sequences a document may have; deeper documents are rejected.
+    public static let maximumDepth = 256
+
     /// Parses the first document of `text`. An empty document is an empty mapping.
     /// - Throws: `YAMLError` with the position of a syntax error, a duplicate key, an alias (unsupported) or
     ///   a non-scalar mapping key.
@@ -198,9 +201,11 @@ public enum YAMLParser {
                 try add(YAMLNode(.scalar(text, quoted: quoted), line: line, column: column), line: line, column: column)
             case YAML_SEQUENCE_START_EVENT:
                 try checkNotKey(line: line, column: column)
+                try checkDepth(line: line, column: column)
                 stack.append(.sequence(items: [], line: line, column: column))
             case YAML_MAPPING_START_EVENT:
                 try checkNotKey(line: line, column: column)
+                try checkDepth(line: line, column: column)
                 stack.append(.mapping(entries: [], pendingKey: nil, line: line, column: column))
             case YAML_SEQUENCE_END_EVENT, YAML_MAPPING_END_EVENT:
                 guard let frame = stack.popLast() else { return }
@@ -212,6 +217,16 @@ public enum YAMLParser {
                 try add(node, line: node.line, column: node.column)
             default:
                 break
+            }
+        }
+
+        /// Rejects nesting deeper than `YAMLParser.maximumDepth`: the value tree is recursive, so freeing or
+        /// comparing a tree thousands of levels deep would overflow the stack.
+        func checkDepth(line: Int, column: Int) throws(YAMLError) {
+            guard stack.count < YAMLParser.maximumDepth else {
+                throw YAMLError(
+                    message: "nesting deeper than \(YAMLParser.maximumDepth) levels is not supported", line: line,
+                    column: column)
             }
         }
 
