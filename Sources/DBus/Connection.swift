@@ -1,5 +1,5 @@
 // The public connection: opening private bus connections, calls, signals, names.
-import CDBus
+internal import CDBus
 import Synchronization
 
 #if canImport(Glibc)

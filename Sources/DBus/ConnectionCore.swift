@@ -2,7 +2,7 @@
 // out plus an eventfd, runs libdbus timeouts, dispatches, and sends everything other threads queued. Every
 // libdbus call on the connection happens on this thread (after the handshake in init), so no libdbus lock is
 // ever contended and a message queued from any thread goes out as soon as the thread wakes.
-import CDBus
+internal import CDBus
 import Synchronization
 
 #if canImport(Glibc)

@@ -1,6 +1,6 @@
 // YAML: libyaml's event parser turned into a plain value tree. Parses YAML 1.1 documents and JSON (a flow subset).
 // Scalars keep their text and whether they were quoted, so callers decide what a plain `true` or `0x10` means.
-import CYAML
+internal import CYAML
 
 /// A parsed YAML node with the position it came from (1-based line and column).
 public struct YAMLNode: Sendable, Equatable {
