@@ -136,7 +136,9 @@ struct StderrLogHandler: BlueZLogHandler {
 /// Checks `ADDRESS` (six hex octets separated by ':').
 func parseAddress(_ text: String) throws(BLEFailure) -> String {
     let parts = text.split(separator: ":", omittingEmptySubsequences: false)
-    guard parts.count == 6, parts.allSatisfy({ $0.count == 2 && $0.allSatisfy(\.isHexDigit) }) else {
+    // ASCII only: Character.isHexDigit also accepts fullwidth forms, which no device address contains.
+    guard parts.count == 6, parts.allSatisfy({ $0.count == 2 && $0.allSatisfy { $0.isASCII && $0.isHexDigit } })
+    else {
         throw .usage("'\(text)' is not a Bluetooth address (expected AA:BB:CC:DD:EE:FF)")
     }
     return text.uppercased()

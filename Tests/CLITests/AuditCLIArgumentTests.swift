@@ -23,4 +23,12 @@ import Testing
         #expect(result.status == 64, "exit \(result.status), stderr: \(result.stderr)")
         #expect(result.stderr.contains("is not a number of seconds between 0 and 31536000"), "\(result.stderr)")
     }
+
+    @Test func fullwidthHexIsNotAnAddress() throws {
+        let result = try runCommand(
+            Fixtures.executable("blebridge"), ["read", "\u{FF21}A:BB:CC:DD:EE:FF", "2A19"], environment: noBus,
+            timeout: 30)
+        #expect(result.status == 64, "exit \(result.status), stderr: \(result.stderr)")
+        #expect(result.stderr.contains("is not a Bluetooth address"), "\(result.stderr)")
+    }
 }
