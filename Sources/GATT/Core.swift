@@ -101,12 +101,19 @@ func hex(_ value: UInt64, _ digits: Int) -> String {
 /// Not `indirect`: arrays and nested readings already live in heap storage, and boxing every scalar would cost an
 /// allocation per field on the hot decode path.
 public enum GATTValue: Sendable, Equatable {
+    /// No value (a "not known" special value, or an absent optional field); JSON `null`.
     case null
+    /// A flag.
     case bool(Bool)
+    /// An integer.
     case int(Int64)
+    /// A number with a fraction, or a scaled value.
     case double(Double)
+    /// Text (names, hex, ISO dates).
     case string(String)
+    /// A list (RR intervals, ...).
     case array([GATTValue])
+    /// A nested reading.
     case object(GATTReading)
 }
 

@@ -72,11 +72,17 @@ public struct DeclarativeParserError: Error, Sendable, Equatable, CustomStringCo
 
 /// A validated field type.
 public enum DeclarativeFieldType: Sendable, Equatable {
+    /// An integer of 1 to 4 octets (`u8`, `s16le`, `u24be`, ...).
     case integer(width: Int, signed: Bool, bigEndian: Bool)
+    /// An IEEE 11073 16-bit SFLOAT.
     case sfloat
+    /// An IEEE 11073 32-bit FLOAT.
     case float
+    /// UTF-8 text (`length` octets, or to the end of the value).
     case utf8
+    /// Raw bytes published as hex (`length` octets, or to the end of the value).
     case hex
+    /// One bit (0...31, counted from the least significant bit of the octet at `offset`), as true or false.
     case bit(Int)
 
     /// Parses the configuration's spelling, or nil.
