@@ -93,9 +93,10 @@ public enum BlueZError: Error, Sendable, Equatable, CustomStringConvertible {
         func detail(_ f: BlueZDBusFailure?) -> String { f.map { ": \($0)" } ?? "" }
         switch self {
         case .bluetoothdUnavailable(let reason):
-            return "bluetoothd (org.bluez) is not available: \(reason)"
+            return "bluetoothd (org.bluez) is not available: \(reason); start it (systemctl start bluetooth) "
+                + "or check that it runs on this bus"
         case .busUnavailable(let f):
-            return "cannot reach the D-Bus system bus: \(f)"
+            return "cannot reach the D-Bus system bus: \(f); is dbus running, and DBUS_SYSTEM_BUS_ADDRESS right if set?"
         case .adapterUnavailable(let adapter, let reason):
             return "adapter \(adapter): \(reason)"
         case .deviceNotFound(let device, let f):
@@ -104,7 +105,8 @@ public enum BlueZError: Error, Sendable, Equatable, CustomStringConvertible {
         case .attributeNotFound(let device, let attribute):
             return "device \(device): no \(attribute)"
         case .notConnected(let device, let op, let f):
-            return "device \(device): \(op) failed: not connected" + detail(f)
+            return "device \(device): \(op) failed: not connected (connect first; the link may have dropped)"
+                + detail(f)
         case .connectionFailed(let device, let reason, let f):
             if let f, f.message == reason { return "device \(device): connect failed: \(f)" }
             return "device \(device): connect failed: \(reason)" + detail(f)
