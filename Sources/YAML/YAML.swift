@@ -94,7 +94,10 @@ public struct YAMLNode: Sendable, Equatable {
             radix = r
             text.removeFirst(2)
         }
-        guard !text.isEmpty, let magnitude = Int(text, radix: radix) else { return nil }
+        // One sign only: Int(_:radix:) would accept a second one ("--5", "0x-5").
+        guard let first = text.first, first != "-", first != "+", let magnitude = Int(text, radix: radix) else {
+            return nil
+        }
         return negative ? -magnitude : magnitude
     }
 
