@@ -100,7 +100,13 @@ public final class SpawnedBus: @unchecked Sendable {
         let daemonPath = candidates.first { path in access(path, X_OK) == 0 }
         guard let daemonPath else { throw SimulatorError("dbus-daemon not found (install the dbus-daemon package)") }
         var pipeFDs: [Int32] = [-1, -1]
-        guard pipe(&pipeFDs) == 0 else { throw SimulatorError("pipe failed") }
+        // Close-on-exec: a child spawned by another thread must not hold the write end, or the read below would
+        // wait for it instead of seeing EOF when dbus-daemon dies. posix_spawn's dup2 onto stdout clears the flag.
+        // (A socket pair: Glibc's module map does not export pipe2.)
+        let type = Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
+        guard socketpair(AF_UNIX, type, 0, &pipeFDs) == 0 else {
+            throw SimulatorError("cannot create a pipe for dbus-daemon's address: \(String(cString: strerror(errno)))")
+        }
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
