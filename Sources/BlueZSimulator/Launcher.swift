@@ -59,7 +59,11 @@ public final class SpawnedBus: @unchecked Sendable {
         guard let dir = template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) else {
             throw SimulatorError("mkdtemp failed: \(String(cString: strerror(errno)))")
         }
-        directory = String(cString: dir)
+        let directoryPath = String(cString: dir)
+        directory = directoryPath
+        // Until the daemon is up, a failure removes what was created (stop() cleans up after that).
+        var started = false
+        defer { if !started { Self.removeFiles(in: directoryPath) } }
         let socket = directory + "/bus"
         let config = """
             <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
@@ -133,6 +137,13 @@ public final class SpawnedBus: @unchecked Sendable {
             throw SimulatorError("dbus-daemon exited before printing its address")
         }
         address = String(decoding: line, as: UTF8.self)
+        started = true
+    }
+
+    private static func removeFiles(in directory: String) {
+        unlink(directory + "/bus")
+        unlink(directory + "/bus.conf")
+        rmdir(directory)
     }
 
     /// Stops the daemon (SIGTERM, then SIGKILL after 2 s) and removes its directory. Idempotent.
@@ -153,9 +164,7 @@ public final class SpawnedBus: @unchecked Sendable {
             kill(pid, SIGKILL)
             waitpid(pid, &status, 0)
         }
-        unlink(directory + "/bus")
-        unlink(directory + "/bus.conf")
-        rmdir(directory)
+        Self.removeFiles(in: directory)
     }
 
     deinit { stop() }
