@@ -15,6 +15,7 @@ public struct BlueZDeviceLabel: Sendable, Hashable, CustomStringConvertible {
         self.name = name
     }
 
+    /// The text people read in logs and error output.
     public var description: String {
         if let name, !name.isEmpty { return "\(name) (\(address))" }
         return address
@@ -39,6 +40,7 @@ public struct BlueZDBusFailure: Sendable, Hashable, CustomStringConvertible {
         self.init(name: error.name, message: error.message)
     }
 
+    /// The text people read in logs and error output.
     public var description: String { message.isEmpty ? name : "\(name) \(message)" }
 }
 
@@ -85,14 +87,16 @@ public enum BlueZError: Error, Sendable, Equatable, CustomStringConvertible {
         }
     }
 
+    /// The text people read in logs and error output.
     public var description: String {
         func prefix(_ device: BlueZDeviceLabel?) -> String { device.map { "device \($0): " } ?? "" }
         func detail(_ f: BlueZDBusFailure?) -> String { f.map { ": \($0)" } ?? "" }
         switch self {
         case .bluetoothdUnavailable(let reason):
-            return "bluetoothd (org.bluez) is not available: \(reason)"
+            return "bluetoothd (org.bluez) is not available: \(reason); start it (systemctl start bluetooth) "
+                + "or check that it runs on this bus"
         case .busUnavailable(let f):
-            return "cannot reach the D-Bus system bus: \(f)"
+            return "cannot reach the D-Bus system bus: \(f); is dbus running, and DBUS_SYSTEM_BUS_ADDRESS right if set?"
         case .adapterUnavailable(let adapter, let reason):
             return "adapter \(adapter): \(reason)"
         case .deviceNotFound(let device, let f):
@@ -101,7 +105,8 @@ public enum BlueZError: Error, Sendable, Equatable, CustomStringConvertible {
         case .attributeNotFound(let device, let attribute):
             return "device \(device): no \(attribute)"
         case .notConnected(let device, let op, let f):
-            return "device \(device): \(op) failed: not connected" + detail(f)
+            return "device \(device): \(op) failed: not connected (connect first; the link may have dropped)"
+                + detail(f)
         case .connectionFailed(let device, let reason, let f):
             if let f, f.message == reason { return "device \(device): connect failed: \(f)" }
             return "device \(device): connect failed: \(reason)" + detail(f)
@@ -124,7 +129,7 @@ public enum BlueZError: Error, Sendable, Equatable, CustomStringConvertible {
 }
 
 func formatSeconds(_ seconds: Double) -> String {
-    if seconds == seconds.rounded() { return String(Int(seconds)) }
+    if seconds == seconds.rounded(), abs(seconds) < 1e15 { return String(Int64(seconds)) }
     return String((seconds * 10).rounded() / 10)
 }
 

@@ -13,8 +13,10 @@ public enum BlueZLogLevel: Int, Sendable, Comparable, CustomStringConvertible {
     /// Something went wrong and was not.
     case error
 
+    /// Orders levels by severity (trace lowest).
     public static func < (lhs: BlueZLogLevel, rhs: BlueZLogLevel) -> Bool { lhs.rawValue < rhs.rawValue }
 
+    /// The text people read in logs and error output.
     public var description: String {
         switch self {
         case .trace: return "trace"

@@ -135,15 +135,18 @@ public enum BlueZScanMode: String, Sendable, Hashable {
 
 /// The events of one discovery session, in order. Ends when the session stops.
 public struct BlueZDiscoveryEvents: AsyncSequence, Sendable {
+    /// The element type.
     public typealias Element = BlueZDiscoveryEvent
     let base: AsyncStream<BlueZDiscoveryEvent>
 
     /// Iterates the events in order.
     public struct AsyncIterator: AsyncIteratorProtocol {
         var base: AsyncStream<BlueZDiscoveryEvent>.AsyncIterator
+        /// The next element, or nil at the end.
         public mutating func next() async -> BlueZDiscoveryEvent? { await base.next() }
     }
 
+    /// Returns an iterator; iterate once.
     public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(base: base.makeAsyncIterator()) }
 }
 

@@ -36,6 +36,7 @@ public enum BlueZAdapterState: Sendable, Hashable, CustomStringConvertible {
         }
     }
 
+    /// The text people read in logs and error output.
     public var description: String {
         switch self {
         case .absent: return "absent"
@@ -71,6 +72,7 @@ public enum BlueZAdapterSelector: Sendable, Hashable, CustomStringConvertible {
         }
     }
 
+    /// The text people read in logs and error output.
     public var description: String {
         switch self {
         case .any: return "(default)"
@@ -180,7 +182,8 @@ public func bluezUUIDString(_ text: String) -> String? {
     var s = Substring(text.lowercased())
     if s.hasPrefix("0x") { s = s.dropFirst(2) }
     let hex = s.filter { $0 != "-" }
-    guard !hex.isEmpty, hex.allSatisfy({ $0.isHexDigit }) else { return nil }
+    // ASCII only: Character.isHexDigit also accepts fullwidth forms (U+FF10...), which BlueZ would reject.
+    guard !hex.isEmpty, hex.allSatisfy({ $0.isASCII && $0.isHexDigit }) else { return nil }
     switch hex.count {
     case 4: return "0000\(hex)-0000-1000-8000-00805f9b34fb"
     case 8: return "\(hex)-0000-1000-8000-00805f9b34fb"

@@ -13,15 +13,18 @@ import Synchronization
 /// Ends normally when notifications are stopped, or throws `BlueZError.disconnected` when the connection ends.
 /// Stopping iteration (or dropping the sequence) stops the subscription.
 public struct BlueZNotifications: AsyncSequence, Sendable {
+    /// The element type.
     public typealias Element = [UInt8]
     let base: AsyncThrowingStream<[UInt8], any Error>
 
     /// Iterates the events in order.
     public struct AsyncIterator: AsyncIteratorProtocol {
         var base: AsyncThrowingStream<[UInt8], any Error>.AsyncIterator
+        /// The next element, or nil at the end.
         public mutating func next() async throws -> [UInt8]? { try await base.next() }
     }
 
+    /// Returns an iterator; iterate once.
     public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(base: base.makeAsyncIterator()) }
 }
 

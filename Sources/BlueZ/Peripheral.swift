@@ -60,6 +60,7 @@ public struct BlueZDisconnectReason: Sendable, Hashable, CustomStringConvertible
             message: message ?? (requested ? "disconnect requested" : "connection lost"), requested: requested)
     }
 
+    /// The text people read in logs and error output.
     public var description: String {
         var text = "\(kind.rawValue): \(message)"
         if requested { text += " (requested)" }

@@ -1,59 +1,47 @@
 // Small concurrency helpers: a one-shot promise that whichever side arrives first completes, and deadlines.
 import Synchronization
 
-/// A value delivered exactly once; later `complete` calls are ignored. `value()` may be awaited by one task.
+/// A value delivered exactly once; later `complete` calls are ignored. Any number of tasks may await `value()`,
+/// before or after the value arrives (a second waiter used to be left suspended forever).
 final class OneShot<T: Sendable>: Sendable {
     private enum State {
-        case initial
-        case waiting(CheckedContinuation<T, Never>)
+        case pending([CheckedContinuation<T, Never>])
         case completed(T)
-        case consumed
     }
-    private let state = Mutex<State>(.initial)
+    private let state = Mutex<State>(.pending([]))
 
     init() {}
 
     /// Delivers `value` if nothing was delivered yet. Returns true when this call won.
     @discardableResult
     func complete(_ value: T) -> Bool {
-        let (won, continuation): (Bool, CheckedContinuation<T, Never>?) = state.withLock { state in
-            switch state {
-            case .initial:
-                state = .completed(value)
-                return (true, nil)
-            case .waiting(let c):
-                state = .consumed
-                return (true, c)
-            case .completed, .consumed:
-                return (false, nil)
-            }
+        let waiters: [CheckedContinuation<T, Never>]? = state.withLock { state in
+            guard case .pending(let waiters) = state else { return nil }
+            state = .completed(value)
+            return waiters
         }
-        continuation?.resume(returning: value)
-        return won
+        guard let waiters else { return false }
+        for waiter in waiters { waiter.resume(returning: value) }
+        return true
     }
 
     var isCompleted: Bool {
         state.withLock {
-            switch $0 {
-            case .initial, .waiting: return false
-            case .completed, .consumed: return true
-            }
+            if case .completed = $0 { return true }
+            return false
         }
     }
 
-    /// Waits for the value.
+    /// Waits for the value (returns at once when it is already there).
     func value() async -> T {
         await withCheckedContinuation { (c: CheckedContinuation<T, Never>) in
             let ready: T? = state.withLock { state in
                 switch state {
                 case .completed(let v):
-                    state = .consumed
                     return v
-                case .initial:
-                    state = .waiting(c)
-                    return nil
-                case .waiting, .consumed:
-                    // A second waiter is a programming error inside this module; never reached by outside input.
+                case .pending(var waiters):
+                    waiters.append(c)
+                    state = .pending(waiters)
                     return nil
                 }
             }

@@ -245,11 +245,6 @@ struct SimMonitorPattern: Sendable, Equatable {
     var start: Int
     var adType: UInt8
     var content: [UInt8]
-    init(start: Int, adType: UInt8, content: [UInt8]) {
-        self.start = start
-        self.adType = adType
-        self.content = content
-    }
     func matches(_ structures: [(UInt8, [UInt8])]) -> Bool {
         structures.contains { type, data in
             type == adType && start >= 0 && data.count >= start + content.count

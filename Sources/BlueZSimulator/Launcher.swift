@@ -59,7 +59,11 @@ public final class SpawnedBus: @unchecked Sendable {
         guard let dir = template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) else {
             throw SimulatorError("mkdtemp failed: \(String(cString: strerror(errno)))")
         }
-        directory = String(cString: dir)
+        let directoryPath = String(cString: dir)
+        directory = directoryPath
+        // Until the daemon is up, a failure removes what was created (stop() cleans up after that).
+        var started = false
+        defer { if !started { Self.removeFiles(in: directoryPath) } }
         let socket = directory + "/bus"
         let config = """
             <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
@@ -100,7 +104,13 @@ public final class SpawnedBus: @unchecked Sendable {
         let daemonPath = candidates.first { path in access(path, X_OK) == 0 }
         guard let daemonPath else { throw SimulatorError("dbus-daemon not found (install the dbus-daemon package)") }
         var pipeFDs: [Int32] = [-1, -1]
-        guard pipe(&pipeFDs) == 0 else { throw SimulatorError("pipe failed") }
+        // Close-on-exec: a child spawned by another thread must not hold the write end, or the read below would
+        // wait for it instead of seeing EOF when dbus-daemon dies. posix_spawn's dup2 onto stdout clears the flag.
+        // (A socket pair: Glibc's module map does not export pipe2.)
+        let type = Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
+        guard socketpair(AF_UNIX, type, 0, &pipeFDs) == 0 else {
+            throw SimulatorError("cannot create a pipe for dbus-daemon's address: \(String(cString: strerror(errno)))")
+        }
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
@@ -127,6 +137,13 @@ public final class SpawnedBus: @unchecked Sendable {
             throw SimulatorError("dbus-daemon exited before printing its address")
         }
         address = String(decoding: line, as: UTF8.self)
+        started = true
+    }
+
+    private static func removeFiles(in directory: String) {
+        unlink(directory + "/bus")
+        unlink(directory + "/bus.conf")
+        rmdir(directory)
     }
 
     /// Stops the daemon (SIGTERM, then SIGKILL after 2 s) and removes its directory. Idempotent.
@@ -147,9 +164,7 @@ public final class SpawnedBus: @unchecked Sendable {
             kill(pid, SIGKILL)
             waitpid(pid, &status, 0)
         }
-        unlink(directory + "/bus")
-        unlink(directory + "/bus.conf")
-        rmdir(directory)
+        Self.removeFiles(in: directory)
     }
 
     deinit { stop() }

@@ -85,14 +85,24 @@ struct BLEArguments {
                 throw .usage("unknown option '\(arg)'")
             }
         }
+        // Durations are checked here, before any bus is opened, so that a bad value is a usage error whichever
+        // step would have read it first.
+        for name in Self.durationOptions where values[name] != nil { _ = try seconds(name, default: 0) }
     }
+
+    /// The options that take seconds.
+    static let durationOptions = ["--timeout", "--scan-timeout", "--duration"]
 
     func value(_ name: String) -> String? { values[name]?.last }
 
+    /// The longest duration an option accepts: a year, far beyond any scan or connect, and well inside `Duration`.
+    static let maximumSeconds: Double = 31_536_000
+
     func seconds(_ name: String, default fallback: Double) throws(BLEFailure) -> Double {
         guard let text = value(name) else { return fallback }
-        guard let v = Double(text), v >= 0, v.isFinite else {
-            throw .usage("option \(name): '\(text)' is not a number of seconds")
+        guard let v = Double(text), v >= 0, v <= Self.maximumSeconds else {
+            throw .usage(
+                "option \(name): '\(text)' is not a number of seconds between 0 and \(Int(Self.maximumSeconds))")
         }
         return v
     }
@@ -126,13 +136,19 @@ struct StderrLogHandler: BlueZLogHandler {
 /// Checks `ADDRESS` (six hex octets separated by ':').
 func parseAddress(_ text: String) throws(BLEFailure) -> String {
     let parts = text.split(separator: ":", omittingEmptySubsequences: false)
-    guard parts.count == 6, parts.allSatisfy({ $0.count == 2 && $0.allSatisfy(\.isHexDigit) }) else {
+    // ASCII only: Character.isHexDigit also accepts fullwidth forms, which no device address contains.
+    guard parts.count == 6, parts.allSatisfy({ $0.count == 2 && $0.allSatisfy { $0.isASCII && $0.isHexDigit } })
+    else {
         throw .usage("'\(text)' is not a Bluetooth address (expected AA:BB:CC:DD:EE:FF)")
     }
     return text.uppercased()
 }
 
-func seconds(_ value: Double) -> Duration { .milliseconds(Int64((value * 1000).rounded())) }
+/// `value` seconds as a Duration, saturating instead of trapping on values no option accepts.
+func seconds(_ value: Double) -> Duration {
+    guard value.isFinite else { return value > 0 ? .seconds(Int64.max / 2) : .zero }
+    return .milliseconds(Int64(max(-9e15, min(9e15, (value * 1000).rounded()))))
+}
 
 /// An open client and the adapter the command uses.
 struct BLESession {
@@ -229,7 +245,7 @@ struct BLESession {
 }
 
 func formatSeconds(_ value: Double) -> String {
-    value == value.rounded() ? String(Int(value)) : String(value)
+    value == value.rounded() && abs(value) < 1e15 ? String(Int64(value)) : String(value)
 }
 
 /// The parser registry the tools decode with.

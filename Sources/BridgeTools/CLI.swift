@@ -5,6 +5,7 @@
 
 /// Exit codes the tools use (sysexits.h where one fits).
 public enum ExitCode {
+    /// The command did what was asked.
     public static let success: Int32 = 0
     /// Bad command-line usage.
     public static let usage: Int32 = 64

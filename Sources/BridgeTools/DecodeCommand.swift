@@ -9,8 +9,11 @@ import GATTCrypto
 
 /// `blebridge decode gatt|service-data|manufacturer ...`
 public enum DecodeCommand: CLICommand {
+    /// The subcommand's name on the command line.
     public static let name = "decode"
+    /// One line for `blebridge --help`.
     public static let summary = "decode a characteristic value or advertisement payload to JSON"
+    /// The subcommand's help text.
     public static let usage = """
         usage: blebridge decode gatt UUID HEX [--presentation-format HEX]
                blebridge decode service-data UUID HEX [--mac MAC] [--bindkey HEX] [--name NAME]
@@ -29,6 +32,7 @@ public enum DecodeCommand: CLICommand {
         exit status: 0 decoded (unknown UUIDs give {"raw": "<hex>"}), 65 payload rejected, 64 bad usage
         """
 
+    /// Runs the subcommand with its arguments (after the name) and returns the exit code.
     public static func run(_ arguments: [String]) async -> Int32 {
         switch parse(arguments) {
         case .failure(let problem):

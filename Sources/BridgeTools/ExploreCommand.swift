@@ -4,8 +4,11 @@ import GATT
 
 /// Connects to a device and prints its services, characteristics, descriptors and readable values.
 public enum ExploreCommand: CLICommand {
+    /// The subcommand's name on the command line.
     public static let name = "explore"
+    /// One line for `blebridge --help`.
     public static let summary = "connect and print a device's GATT tree with decoded values"
+    /// The subcommand's help text.
     public static let usage = """
         usage: blebridge explore ADDRESS [--json]
 
@@ -25,6 +28,7 @@ public enum ExploreCommand: CLICommand {
         var descriptors: [(BlueZDescriptor, [UInt8]?)]
     }
 
+    /// Runs the subcommand with its arguments (after the name) and returns the exit code.
     public static func run(_ arguments: [String]) async -> Int32 {
         await runBLE(name) { () async throws(BLEFailure) -> Int32 in
             let args = try BLEArguments(arguments, valued: BLECommon.valued, flags: BLECommon.flags.union(["--json"]))

@@ -4,8 +4,11 @@ import GATT
 
 /// Subscribes to a characteristic and prints each value as it arrives.
 public enum NotifyCommand: CLICommand {
+    /// The subcommand's name on the command line.
     public static let name = "notify"
+    /// One line for `blebridge --help`.
     public static let summary = "print a characteristic's notifications, decoded, as they arrive"
+    /// The subcommand's help text.
     public static let usage = """
         usage: blebridge notify ADDRESS CHAR [--count N] [--hex] [--start-notify]
 
@@ -16,6 +19,7 @@ public enum NotifyCommand: CLICommand {
         \(BLECommon.usage)
         """
 
+    /// Runs the subcommand with its arguments (after the name) and returns the exit code.
     public static func run(_ arguments: [String]) async -> Int32 {
         await runBLE(name) { () async throws(BLEFailure) -> Int32 in
             let args = try BLEArguments(

@@ -4,8 +4,11 @@ import GATT
 
 /// Reads a characteristic and prints its value as JSON (decoded where a parser exists, `{"raw": ...}` otherwise).
 public enum ReadCommand: CLICommand {
+    /// The subcommand's name on the command line.
     public static let name = "read"
+    /// One line for `blebridge --help`.
     public static let summary = "read a characteristic and print it decoded"
+    /// The subcommand's help text.
     public static let usage = """
         usage: blebridge read ADDRESS CHAR [--hex]
 
@@ -15,6 +18,7 @@ public enum ReadCommand: CLICommand {
         \(BLECommon.usage)
         """
 
+    /// Runs the subcommand with its arguments (after the name) and returns the exit code.
     public static func run(_ arguments: [String]) async -> Int32 {
         await runBLE(name) { () async throws(BLEFailure) -> Int32 in
             let args = try BLEArguments(arguments, valued: BLECommon.valued, flags: BLECommon.flags.union(["--hex"]))

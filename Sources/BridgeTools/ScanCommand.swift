@@ -4,8 +4,11 @@ import GATT
 
 /// Scans for advertising devices and prints what each advertised.
 public enum ScanCommand: CLICommand {
+    /// The subcommand's name on the command line.
     public static let name = "scan"
+    /// One line for `blebridge --help`.
     public static let summary = "list nearby BLE devices and their decoded advertisements"
+    /// The subcommand's help text.
     public static let usage = """
         usage: blebridge scan [--service UUID]... [--duration S] [--json] [--passive] [--rssi DBM] [--duplicates]
 
@@ -20,6 +23,7 @@ public enum ScanCommand: CLICommand {
         \(BLECommon.usage)
         """
 
+    /// Runs the subcommand with its arguments (after the name) and returns the exit code.
     public static func run(_ arguments: [String]) async -> Int32 {
         await runBLE(name) { () async throws(BLEFailure) -> Int32 in
             let args = try BLEArguments(

@@ -4,8 +4,11 @@ import GATT
 
 /// Writes a characteristic: a write request by default, a write command with `--without-response`.
 public enum WriteCommand: CLICommand {
+    /// The subcommand's name on the command line.
     public static let name = "write"
+    /// One line for `blebridge --help`.
     public static let summary = "write hex bytes to a characteristic"
+    /// The subcommand's help text.
     public static let usage = """
         usage: blebridge write ADDRESS CHAR HEX [--without-response]
 
@@ -14,6 +17,7 @@ public enum WriteCommand: CLICommand {
         \(BLECommon.usage)
         """
 
+    /// Runs the subcommand with its arguments (after the name) and returns the exit code.
     public static func run(_ arguments: [String]) async -> Int32 {
         await runBLE(name) { () async throws(BLEFailure) -> Int32 in
             let args = try BLEArguments(

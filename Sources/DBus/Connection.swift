@@ -1,5 +1,5 @@
 // The public connection: opening private bus connections, calls, signals, names.
-import CDBus
+internal import CDBus
 import Synchronization
 
 #if canImport(Glibc)
@@ -146,7 +146,7 @@ public final class DBusConnection: Sendable {
             destination: destination, path: path, interface: interface, method: method, body: arguments)
         let built = try Marshal.build(message)
         try checkFDs(message.body)
-        let reply = try await core.call(built, timeout: timeout).get()
+        let reply = try await Self.awaitReply(core, built, timeout: timeout, to: message)
         return try ConnectionCore.replyBody(reply)
     }
 
@@ -162,10 +162,25 @@ public final class DBusConnection: Sendable {
         message.noReplyExpected = false
         let built = try Marshal.build(message)
         try checkFDs(message.body)
-        let reply = try await core.call(built, timeout: timeout).get()
+        let reply = try await Self.awaitReply(core, built, timeout: timeout, to: message)
         let decoded = try Marshal.decode(reply.pointer)
         if let error = decoded.error { throw error }
         return decoded
+    }
+
+    /// Awaits the reply to `message`. A failure of this side (connection closed or lost, cancelled, out of memory)
+    /// names the call, so that a log line says which call it cut short; error replies from the peer pass unchanged.
+    private static func awaitReply(
+        _ core: ConnectionCore, _ built: CMessage, timeout: Duration, to message: DBusMessage
+    ) async throws(DBusError) -> CMessage {
+        switch await core.call(built, timeout: timeout) {
+        case .success(let reply):
+            return reply
+        case .failure(let error):
+            let call = "\(message.interface ?? "").\(message.member ?? "") on \(message.path?.rawValue ?? "/")"
+            let peer = message.destination.map { " (\($0))" } ?? ""
+            throw DBusError(name: error.name, message: "\(call)\(peer): \(error.message)")
+        }
     }
 
     /// Sends a message without waiting for a reply (signals, calls flagged `noReplyExpected`, replies).

@@ -2,7 +2,7 @@
 // out plus an eventfd, runs libdbus timeouts, dispatches, and sends everything other threads queued. Every
 // libdbus call on the connection happens on this thread (after the handshake in init), so no libdbus lock is
 // ever contended and a message queued from any thread goes out as soon as the thread wakes.
-import CDBus
+internal import CDBus
 import Synchronization
 
 #if canImport(Glibc)
@@ -154,12 +154,13 @@ final class ConnectionCore: @unchecked Sendable {
     init(connection: OpaquePointer) throws(DBusError) {
         self.connection = connection
         var fds: [Int32] = [-1, -1]
-        guard pipe(&fds) == 0 else {
-            throw DBusError(name: DBusError.failed, message: "pipe failed: errno \(errno)")
-        }
-        for fd in fds {
-            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
-            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        // Close-on-exec from the start (a child spawned by another thread in between must not inherit it). A socket
+        // pair rather than pipe(2): Glibc's module map does not export pipe2.
+        let type = Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue)
+        guard socketpair(AF_UNIX, type, 0, &fds) == 0 else {
+            throw DBusError(
+                name: DBusError.failed,
+                message: "cannot create the D-Bus I/O thread's wake-up pipe: \(String(cString: strerror(errno)))")
         }
         wakeFD = fds[0]
         wakeWriteFD = fds[1]

@@ -1,5 +1,5 @@
 // D-Bus errors as one Swift error type: the D-Bus error name plus its message.
-import CDBus
+internal import CDBus
 
 /// A D-Bus error: an error reply from a peer, or a failure of this library with a standard name.
 public struct DBusError: Error, Hashable, Sendable, CustomStringConvertible {

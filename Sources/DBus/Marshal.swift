@@ -1,6 +1,6 @@
 // The only code that moves values in and out of libdbus messages. Everything is validated before libdbus sees
 // it, because libdbus aborts the process on invalid arguments (dbus_return_if_fail checks are fatal).
-import CDBus
+internal import CDBus
 
 /// D-Bus type codes (libdbus defines them as cast macros, which Swift cannot import).
 enum TypeCode {

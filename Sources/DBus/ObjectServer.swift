@@ -1,6 +1,6 @@
 // Exporting objects: method dispatch, org.freedesktop.DBus.Properties, Introspectable and ObjectManager, with
 // PropertiesChanged coalesced per object and interface like BlueZ's gdbus does.
-import CDBus
+internal import CDBus
 import Synchronization
 
 #if canImport(Glibc)

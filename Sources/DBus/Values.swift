@@ -1,5 +1,5 @@
 // D-Bus values: the whole type system as Swift values, validated before they reach libdbus.
-import CDBus
+internal import CDBus
 import Synchronization
 
 #if canImport(Glibc)

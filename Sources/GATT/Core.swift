@@ -85,6 +85,7 @@ public struct BluetoothUUID: Hashable, Sendable, Comparable, CustomStringConvert
         return uuidString
     }
 
+    /// Orders UUIDs by their 128-bit value.
     public static func < (lhs: BluetoothUUID, rhs: BluetoothUUID) -> Bool {
         (lhs.high, lhs.low) < (rhs.high, rhs.low)
     }
@@ -100,12 +101,19 @@ func hex(_ value: UInt64, _ digits: Int) -> String {
 /// Not `indirect`: arrays and nested readings already live in heap storage, and boxing every scalar would cost an
 /// allocation per field on the hot decode path.
 public enum GATTValue: Sendable, Equatable {
+    /// No value (a "not known" special value, or an absent optional field); JSON `null`.
     case null
+    /// A flag.
     case bool(Bool)
+    /// An integer.
     case int(Int64)
+    /// A number with a fraction, or a scaled value.
     case double(Double)
+    /// Text (names, hex, ISO dates).
     case string(String)
+    /// A list (RR intervals, ...).
     case array([GATTValue])
+    /// A nested reading.
     case object(GATTReading)
 }
 
@@ -204,6 +212,7 @@ public enum GATTParseError: Error, Sendable, Equatable, CustomStringConvertible 
     /// The payload is not in this format at all.
     case unsupported(String)
 
+    /// The text people read in logs and error output.
     public var description: String {
         switch self {
         case .truncated(let offset, let needed, let available):
@@ -288,10 +297,15 @@ public struct ByteCursor: Sendable {
 
     /// Little-endian fixed-width integers; each throws `truncated` (with the offset) when too few octets remain.
     public mutating func u16() throws(GATTParseError) -> UInt16 { UInt16(truncatingIfNeeded: try uintLE(2)) }
+    /// Reads a little-endian signed 16-bit integer.
     public mutating func s16() throws(GATTParseError) -> Int16 { Int16(truncatingIfNeeded: try sintLE(2)) }
+    /// Reads a little-endian unsigned 24-bit integer.
     public mutating func u24() throws(GATTParseError) -> UInt32 { UInt32(truncatingIfNeeded: try uintLE(3)) }
+    /// Reads a little-endian signed 24-bit integer.
     public mutating func s24() throws(GATTParseError) -> Int32 { Int32(truncatingIfNeeded: try sintLE(3)) }
+    /// Reads a little-endian unsigned 32-bit integer.
     public mutating func u32() throws(GATTParseError) -> UInt32 { UInt32(truncatingIfNeeded: try uintLE(4)) }
+    /// Reads a little-endian signed 32-bit integer.
     public mutating func s32() throws(GATTParseError) -> Int32 { Int32(truncatingIfNeeded: try sintLE(4)) }
 
     /// `n` raw octets.
@@ -340,6 +354,7 @@ public protocol GATTCharacteristicParser: Sendable {
 }
 
 extension GATTCharacteristicParser {
+    /// Parsers without an encoder: always throws `notEncodable` naming the parser.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         throw .notEncodable("\(name) has no encoder")
     }
@@ -362,6 +377,7 @@ public enum AdvertisementSource: Hashable, Sendable, CustomStringConvertible {
     /// Manufacturer-specific data (AD type 0xFF) for this company id.
     case manufacturer(UInt16)
 
+    /// The text people read in logs and error output.
     public var description: String {
         switch self {
         case .serviceData(let uuid): return "service data \(uuid)"
@@ -381,6 +397,7 @@ public struct AdvertisementContext: Sendable {
     /// The cipher for encrypted formats.
     public var cipher: (any AESCCMCipher)?
 
+    /// Creates a context; encrypted formats need `mac`, `bindKey` and `cipher`.
     public init(
         mac: String? = nil, bindKey: [UInt8]? = nil, localName: String? = nil, cipher: (any AESCCMCipher)? = nil
     ) {

@@ -38,6 +38,7 @@ public struct DeclarativeFieldSpec: Sendable, Equatable {
     /// For `utf8` and `hex`: the length in octets; nil = to the end of the value.
     public var length: Int?
 
+    /// Creates a field; `type` and the other values are checked when the parser is built.
     public init(
         name: String, type: String, offset: Int, scale: Double? = nil, add: Double? = nil,
         enumNames: [Int64: String]? = nil, length: Int? = nil
@@ -65,16 +66,23 @@ public struct DeclarativeParserError: Error, Sendable, Equatable, CustomStringCo
         self.reason = reason
     }
 
+    /// The text people read in logs and error output.
     public var description: String { "\(path): \(reason)" }
 }
 
 /// A validated field type.
 public enum DeclarativeFieldType: Sendable, Equatable {
+    /// An integer of 1 to 4 octets (`u8`, `s16le`, `u24be`, ...).
     case integer(width: Int, signed: Bool, bigEndian: Bool)
+    /// An IEEE 11073 16-bit SFLOAT.
     case sfloat
+    /// An IEEE 11073 32-bit FLOAT.
     case float
+    /// UTF-8 text (`length` octets, or to the end of the value).
     case utf8
+    /// Raw bytes published as hex (`length` octets, or to the end of the value).
     case hex
+    /// One bit (0...31, counted from the least significant bit of the octet at `offset`), as true or false.
     case bit(Int)
 
     /// Parses the configuration's spelling, or nil.
@@ -144,7 +152,9 @@ public struct DeclarativeParser: GATTCharacteristicParser {
         let enumNames: [Int64: String]?
     }
 
+    /// The characteristic UUIDs this parser handles.
     public let uuids: [BluetoothUUID]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name: String
     let fields: [Field]
     /// Octets the fixed-size fields need.
@@ -241,6 +251,7 @@ public struct DeclarativeParser: GATTCharacteristicParser {
         self.minimumLength = minimumLength
     }
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         var reading = GATTReading(capacity: fields.count + 2)
         for field in fields {
@@ -292,6 +303,7 @@ public struct DeclarativeParser: GATTCharacteristicParser {
         return .double(result)
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         var out = [UInt8](repeating: 0, count: minimumLength)
         for field in fields {

@@ -12,6 +12,7 @@ public struct PresentationFormat: Sendable, Equatable {
     public var unit: UInt16
     /// 0x01 = Bluetooth SIG.
     public var namespace: UInt8
+    /// The description code in `namespace` (0 = unknown).
     public var descriptionCode: UInt16
 
     /// The descriptor's UUID, 0x2904.
@@ -192,15 +193,20 @@ public struct PresentationFormat: Sendable, Equatable {
 
 /// The 0x2904 descriptor itself as a "characteristic", so that `blebridge decode gatt 2904 HEX` describes it.
 public struct PresentationFormatDescriptorParser: GATTCharacteristicParser {
+    /// The descriptor UUID (0x2904).
     public let uuids = [PresentationFormat.uuid]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "characteristic_presentation_format"
 
+    /// Creates the parser.
     public init() {}
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         try PresentationFormat(descriptor: bytes).reading
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         func field(_ key: String, _ range: ClosedRange<Int64>) throws(GATTParseError) -> Int64 {
             let raw = try value.required(key, in: name)

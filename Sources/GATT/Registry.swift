@@ -2,7 +2,9 @@
 
 /// A duplicate or otherwise invalid registration; raised at start-up.
 public struct GATTRegistryError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// What is wrong, naming the parser or UUID.
     public let description: String
+    /// Creates an error with its message.
     public init(_ description: String) { self.description = description }
 }
 
@@ -23,6 +25,7 @@ public struct GATTDecodeError: Error, Sendable, Equatable, CustomStringConvertib
         self.reason = reason
     }
 
+    /// The text people read in logs and error output.
     public var description: String { "\(characteristic) (\(uuid)): \(reason)" }
 }
 

@@ -1,6 +1,6 @@
 // GATTCrypto: AES-128-CCM (and its counter-mode keystream) from OpenSSL's libcrypto, injected into GATT's
 // advertisement parsers through `AdvertisementContext.cipher`. This is the only file that touches libcrypto.
-import CCrypto
+internal import CCrypto
 import GATT
 
 /// AES-128-CCM over libcrypto's `EVP_aes_128_ccm` (no hand-written cipher).

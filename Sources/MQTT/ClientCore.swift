@@ -6,7 +6,7 @@
 // ahead of it, and (for QoS 1/2) while fewer than `maxInflightMessages` await their acknowledgement. Everything else
 // waits in `OutgoingQueue`, which drains in order from the loop thread when the connection comes up or the window
 // opens. libmosquitto's own offline queueing is never used, so the bound and the drop policy are ours.
-import CMosquitto
+internal import CMosquitto
 import Dispatch
 import Synchronization
 

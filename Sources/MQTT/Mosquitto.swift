@@ -1,6 +1,6 @@
 // The only code that touches libmosquitto. Everything here is internal: no C type leaves this file's callers
 // inside the target. Each C call goes through `check`, which turns a mosq_err_t into an MQTTError with context.
-import CMosquitto
+internal import CMosquitto
 
 #if canImport(Glibc)
     import Glibc

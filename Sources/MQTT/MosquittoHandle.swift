@@ -1,5 +1,5 @@
 // The one owner of a `struct mosquitto *`, and the loop thread that drives it.
-import CMosquitto
+internal import CMosquitto
 
 #if canImport(Glibc)
     import Glibc

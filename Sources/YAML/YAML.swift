@@ -1,6 +1,6 @@
 // YAML: libyaml's event parser turned into a plain value tree. Parses YAML 1.1 documents and JSON (a flow subset).
 // Scalars keep their text and whether they were quoted, so callers decide what a plain `true` or `0x10` means.
-import CYAML
+internal import CYAML
 
 /// A parsed YAML node with the position it came from (1-based line and column).
 public struct YAMLNode: Sendable, Equatable {
@@ -94,7 +94,10 @@ public struct YAMLNode: Sendable, Equatable {
             radix = r
             text.removeFirst(2)
         }
-        guard !text.isEmpty, let magnitude = Int(text, radix: radix) else { return nil }
+        // One sign only: Int(_:radix:) would accept a second one ("--5", "0x-5").
+        guard let first = text.first, first != "-", first != "+", let magnitude = Int(text, radix: radix) else {
+            return nil
+        }
         return negative ? -magnitude : magnitude
     }
 
@@ -140,6 +143,9 @@ public struct YAMLError: Error, Sendable, Equatable, CustomStringConvertible {
 
 /// Parses YAML (or JSON) text with libyaml.
 public enum YAMLParser {
+    /// The deepest nesting of mappings and sequences a document may have; deeper documents are rejected.
+    public static let maximumDepth = 256
+
     /// Parses the first document of `text`. An empty document is an empty mapping.
     /// - Throws: `YAMLError` with the position of a syntax error, a duplicate key, an alias (unsupported) or
     ///   a non-scalar mapping key.
@@ -173,9 +179,27 @@ public enum YAMLParser {
     }
 
     private struct Builder {
-        enum Frame {
-            case mapping(entries: [(key: String, value: YAMLNode)], pendingKey: String?, line: Int, column: Int)
-            case sequence(items: [YAMLNode], line: Int, column: Int)
+        /// An open mapping or sequence. A class, so that appending to the innermost one mutates it in place: with
+        /// enum payloads each append copied the whole array (quadratic on large mappings and sequences).
+        final class Frame {
+            let isMapping: Bool
+            let line: Int
+            let column: Int
+            var items: [YAMLNode] = []
+            var entries: [(key: String, value: YAMLNode)] = []
+            /// The entries' keys, so that the duplicate check is O(1) per key.
+            var keys: Set<String> = []
+            var pendingKey: String?
+
+            init(isMapping: Bool, line: Int, column: Int) {
+                self.isMapping = isMapping
+                self.line = line
+                self.column = column
+            }
+
+            var node: YAMLNode {
+                YAMLNode(isMapping ? .mapping(entries) : .sequence(items), line: line, column: column)
+            }
         }
         var stack: [Frame] = []
         var root: YAMLNode?
@@ -196,55 +220,57 @@ public enum YAMLParser {
                 }
                 let quoted = scalar.style != YAML_PLAIN_SCALAR_STYLE
                 try add(YAMLNode(.scalar(text, quoted: quoted), line: line, column: column), line: line, column: column)
-            case YAML_SEQUENCE_START_EVENT:
+            case YAML_SEQUENCE_START_EVENT, YAML_MAPPING_START_EVENT:
                 try checkNotKey(line: line, column: column)
-                stack.append(.sequence(items: [], line: line, column: column))
-            case YAML_MAPPING_START_EVENT:
-                try checkNotKey(line: line, column: column)
-                stack.append(.mapping(entries: [], pendingKey: nil, line: line, column: column))
+                try checkDepth(line: line, column: column)
+                stack.append(Frame(isMapping: event.type == YAML_MAPPING_START_EVENT, line: line, column: column))
             case YAML_SEQUENCE_END_EVENT, YAML_MAPPING_END_EVENT:
                 guard let frame = stack.popLast() else { return }
-                let node: YAMLNode
-                switch frame {
-                case .mapping(let entries, _, let l, let c): node = YAMLNode(.mapping(entries), line: l, column: c)
-                case .sequence(let items, let l, let c): node = YAMLNode(.sequence(items), line: l, column: c)
-                }
+                let node = frame.node
                 try add(node, line: node.line, column: node.column)
             default:
                 break
             }
         }
 
+        /// Rejects nesting deeper than `YAMLParser.maximumDepth`: the value tree is recursive, so freeing or
+        /// comparing a tree thousands of levels deep would overflow the stack.
+        func checkDepth(line: Int, column: Int) throws(YAMLError) {
+            guard stack.count < YAMLParser.maximumDepth else {
+                throw YAMLError(
+                    message: "nesting deeper than \(YAMLParser.maximumDepth) levels is not supported", line: line,
+                    column: column)
+            }
+        }
+
         /// A mapping or sequence cannot be a mapping key here.
         func checkNotKey(line: Int, column: Int) throws(YAMLError) {
-            if case .mapping(_, nil, _, _)? = stack.last {
+            if let top = stack.last, top.isMapping, top.pendingKey == nil {
                 throw YAMLError(message: "mapping keys must be scalars", line: line, column: column)
             }
         }
 
         mutating func add(_ node: YAMLNode, line: Int, column: Int) throws(YAMLError) {
-            guard let top = stack.popLast() else {
+            guard let top = stack.last else {
                 root = node
                 return
             }
-            switch top {
-            case .sequence(var items, let l, let c):
-                items.append(node)
-                stack.append(.sequence(items: items, line: l, column: c))
-            case .mapping(var entries, let pendingKey, let l, let c):
-                if let key = pendingKey {
-                    entries.append((key, node))
-                    stack.append(.mapping(entries: entries, pendingKey: nil, line: l, column: c))
-                } else {
-                    guard let key = node.scalar else {
-                        throw YAMLError(message: "mapping keys must be scalars", line: line, column: column)
-                    }
-                    if entries.contains(where: { $0.key == key }) {
-                        throw YAMLError(message: "duplicate key \"\(key)\"", line: line, column: column)
-                    }
-                    stack.append(.mapping(entries: entries, pendingKey: key, line: l, column: c))
-                }
+            guard top.isMapping else {
+                top.items.append(node)
+                return
             }
+            if let key = top.pendingKey {
+                top.entries.append((key, node))
+                top.pendingKey = nil
+                return
+            }
+            guard let key = node.scalar else {
+                throw YAMLError(message: "mapping keys must be scalars", line: line, column: column)
+            }
+            guard top.keys.insert(key).inserted else {
+                throw YAMLError(message: "duplicate key \"\(key)\"", line: line, column: column)
+            }
+            top.pendingKey = key
         }
     }
 }

@@ -37,7 +37,9 @@ func cpuSeconds() -> Double {
 }
 
 func format(_ value: Double, _ digits: Int) -> String {
-    var text = String(Int((value * pow(10, Double(digits))).rounded()))
+    let scaled = (value * pow(10, Double(digits))).rounded()
+    guard scaled.isFinite, scaled.magnitude < 1e15 else { return String(value) }
+    var text = String(Int(scaled))
     guard digits > 0 else { return text }
     while text.count <= digits { text = "0" + text }
     text.insert(".", at: text.index(text.endIndex, offsetBy: -digits))
@@ -84,9 +86,18 @@ if CommandLine.arguments.dropFirst().first == "echo" {
     }
 }
 
-let count = Int(argument("--count", default: "200000")) ?? 200_000
-let payloadSize = Int(argument("--payload", default: "100")) ?? 100
-let inflight = Int(argument("--inflight", default: "100")) ?? 100
+/// The value of `name` as an integer in `range`; exits with a usage message otherwise.
+func integerArgument(_ name: String, default value: Int, in range: ClosedRange<Int>) -> Int {
+    let text = argument(name, default: String(value))
+    guard let n = Int(text), range.contains(n) else {
+        fail("\(name): '\(text)' is not a whole number from \(range.lowerBound) to \(range.upperBound)")
+    }
+    return n
+}
+
+let count = integerArgument("--count", default: 200_000, in: 1...100_000_000)
+let payloadSize = integerArgument("--payload", default: 100, in: 0...(256 * 1024 * 1024))
+let inflight = integerArgument("--inflight", default: 100, in: 1...32_768)
 let levels = argument("--qos", default: "0,1").split(separator: ",").compactMap { Int($0) }.compactMap(MQTTQoS.init)
 
 func run(qos: MQTTQoS) async throws {

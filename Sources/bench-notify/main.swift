@@ -30,8 +30,14 @@ func parseOptions() -> Options {
         case "--bus": o.busAddress = v
         case "--device": o.device = v.uppercased()
         case "--uuid": o.uuid = v.lowercased()
-        case "--count": o.count = Int(v) ?? o.count
-        case "--sim-pid": o.simPID = Int32(v)
+        case "--count":
+            guard let n = Int(v), (1...Int(UInt32.max)).contains(n) else {
+                fail("--count: '\(v)' is not a positive count")
+            }
+            o.count = n
+        case "--sim-pid":
+            guard let pid = Int32(v), pid > 0 else { fail("--sim-pid: '\(v)' is not a process id") }
+            o.simPID = pid
         default: fail("unknown option \(a) (options: --bus ADDR --device MAC --uuid UUID --count N --sim-pid PID)")
         }
     }

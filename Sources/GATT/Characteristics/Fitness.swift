@@ -2,11 +2,15 @@
 
 /// CSC Measurement 0x2A5B: wheel and crank revolution counters and their last event times.
 public struct CSCMeasurementParser: GATTCharacteristicParser {
+    /// The characteristic UUIDs this parser handles.
     public let uuids = [BluetoothUUID(UInt16(0x2A5B))]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "csc_measurement"
 
+    /// Creates the parser.
     public init() {}
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         var cursor = ByteCursor(bytes)
         let flags = try cursor.u8()
@@ -28,6 +32,7 @@ public struct CSCMeasurementParser: GATTCharacteristicParser {
         return reading
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         var flags: UInt8 = 0
         var body = ByteWriter()
@@ -55,11 +60,15 @@ public struct CSCMeasurementParser: GATTCharacteristicParser {
 
 /// RSC Measurement 0x2A53: speed, cadence, optional stride length and total distance, walking or running.
 public struct RSCMeasurementParser: GATTCharacteristicParser {
+    /// The characteristic UUIDs this parser handles.
     public let uuids = [BluetoothUUID(UInt16(0x2A53))]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "rsc_measurement"
 
+    /// Creates the parser.
     public init() {}
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         var cursor = ByteCursor(bytes)
         let flags = try cursor.u8()
@@ -76,6 +85,7 @@ public struct RSCMeasurementParser: GATTCharacteristicParser {
         return reading
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         var flags: UInt8 = 0
         var body = ByteWriter()
@@ -100,11 +110,15 @@ public struct RSCMeasurementParser: GATTCharacteristicParser {
 
 /// Cycling Power Measurement 0x2A63 (flags uint16, signed instantaneous power, twelve optional fields).
 public struct CyclingPowerMeasurementParser: GATTCharacteristicParser {
+    /// The characteristic UUIDs this parser handles.
     public let uuids = [BluetoothUUID(UInt16(0x2A63))]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "cycling_power_measurement"
 
+    /// Creates the parser.
     public init() {}
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         var cursor = ByteCursor(bytes)
         let flags = try cursor.u16()
@@ -147,6 +161,7 @@ public struct CyclingPowerMeasurementParser: GATTCharacteristicParser {
         return reading
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         var flags: UInt16 = 0
         var body = ByteWriter()

@@ -4,11 +4,15 @@
 /// Weight Measurement 0x2A9D: `weight_kg` or `weight_lb` (null for 0xFFFF "measurement unsuccessful"),
 /// `timestamp`, `user_id`, `bmi_kg_m2`, `height_m` or `height_in`.
 public struct WeightMeasurementParser: GATTCharacteristicParser {
+    /// The characteristic UUIDs this parser handles.
     public let uuids = [BluetoothUUID(UInt16(0x2A9D))]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "weight_measurement"
 
+    /// Creates the parser.
     public init() {}
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         var cursor = ByteCursor(bytes)
         let flags = try cursor.u8()
@@ -46,6 +50,7 @@ public struct WeightMeasurementParser: GATTCharacteristicParser {
         return reading
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         var flags: UInt8 = 0
         var body = ByteWriter()
@@ -82,7 +87,9 @@ public struct WeightMeasurementParser: GATTCharacteristicParser {
 /// and mean arterial pressure in mmHg or kPa (SFLOAT; NaN where not available), `timestamp`, `pulse_rate_bpm`,
 /// `user_id`, `measurement_status`.
 public struct BloodPressureParser: GATTCharacteristicParser {
+    /// The characteristic UUIDs this parser handles.
     public let uuids: [BluetoothUUID]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name: String
 
     /// Blood Pressure Measurement (0x2A35).
@@ -96,6 +103,7 @@ public struct BloodPressureParser: GATTCharacteristicParser {
         self.name = name
     }
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         var cursor = ByteCursor(bytes)
         let flags = try cursor.u8()
@@ -122,6 +130,7 @@ public struct BloodPressureParser: GATTCharacteristicParser {
         return reading
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         let kpa = value["systolic_kpa"] != nil
         var flags: UInt8 = kpa ? 0x01 : 0
@@ -155,11 +164,15 @@ public struct BloodPressureParser: GATTCharacteristicParser {
 
 /// PLX Spot-check Measurement 0x2A5E: `spo2_pct`, `pulse_rate_bpm`, then the optional fields in flag order.
 public struct PLXSpotCheckParser: GATTCharacteristicParser {
+    /// The characteristic UUIDs this parser handles.
     public let uuids = [BluetoothUUID(UInt16(0x2A5E))]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "plx_spot_check_measurement"
 
+    /// Creates the parser.
     public init() {}
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         var cursor = ByteCursor(bytes)
         let flags = try cursor.u8()
@@ -179,6 +192,7 @@ public struct PLXSpotCheckParser: GATTCharacteristicParser {
         return reading
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         var flags: UInt8 = 0
         var body = ByteWriter()
@@ -219,11 +233,15 @@ func writeSFLOAT(_ value: GATTReading, _ field: String, in parser: String, to wr
 
 /// PLX Continuous Measurement 0x2A5F: SpO2/PR normal, fast and slow, status, device status, PAI.
 public struct PLXContinuousParser: GATTCharacteristicParser {
+    /// The characteristic UUIDs this parser handles.
     public let uuids = [BluetoothUUID(UInt16(0x2A5F))]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "plx_continuous_measurement"
 
+    /// Creates the parser.
     public init() {}
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         var cursor = ByteCursor(bytes)
         let flags = try cursor.u8()
@@ -245,6 +263,7 @@ public struct PLXContinuousParser: GATTCharacteristicParser {
         return reading
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         var flags: UInt8 = 0
         var body = ByteWriter()
@@ -283,7 +302,9 @@ public struct PLXContinuousParser: GATTCharacteristicParser {
 /// Glucose Measurement 0x2A18: sequence number, base time and offset (`timestamp` = base + offset), concentration
 /// in kg/L or mol/L, type and sample location (low and high nibble), sensor status annunciation.
 public struct GlucoseMeasurementParser: GATTCharacteristicParser {
+    /// The characteristic UUIDs this parser handles.
     public let uuids = [BluetoothUUID(UInt16(0x2A18))]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "glucose_measurement"
 
     static let typeNames = EnumNames([
@@ -296,8 +317,10 @@ public struct GlucoseMeasurementParser: GATTCharacteristicParser {
         nil, nil, "not_available",
     ])
 
+    /// Creates the parser.
     public init() {}
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         var cursor = ByteCursor(bytes)
         let flags = try cursor.u8()
@@ -330,6 +353,7 @@ public struct GlucoseMeasurementParser: GATTCharacteristicParser {
         return reading
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         var flags: UInt8 = 0
         var body = ByteWriter()

@@ -5,11 +5,15 @@
 /// The hot path of the bridge: decoding allocates the field array (and the RR array when RR values are present),
 /// nothing else.
 public struct HeartRateMeasurementParser: GATTCharacteristicParser {
+    /// The characteristic UUIDs this parser handles.
     public let uuids = [BluetoothUUID(UInt16(0x2A37))]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "heart_rate_measurement"
 
+    /// Creates the parser.
     public init() {}
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         var cursor = ByteCursor(bytes)
         let flags = try cursor.u8()
@@ -33,6 +37,7 @@ public struct HeartRateMeasurementParser: GATTCharacteristicParser {
         return reading
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         var flags: UInt8 = 0
         var body = ByteWriter()
@@ -71,7 +76,9 @@ let temperatureTypeNames = EnumNames([
 /// Temperature Measurement 0x2A1C and Intermediate Temperature 0x2A1E: `temperature_c` (or `temperature_f` plus the
 /// converted `temperature_c`), `timestamp`, `temperature_type` (+ `_name`).
 public struct TemperatureMeasurementParser: GATTCharacteristicParser {
+    /// The characteristic UUIDs this parser handles.
     public let uuids: [BluetoothUUID]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name: String
 
     /// Temperature Measurement (0x2A1C).
@@ -86,6 +93,7 @@ public struct TemperatureMeasurementParser: GATTCharacteristicParser {
         self.name = name
     }
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         var cursor = ByteCursor(bytes)
         let flags = try cursor.u8()
@@ -116,6 +124,7 @@ public struct TemperatureMeasurementParser: GATTCharacteristicParser {
         return reading
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         var flags: UInt8 = 0
         var body = ByteWriter()

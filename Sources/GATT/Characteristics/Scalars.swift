@@ -4,7 +4,9 @@
 /// A characteristic whose value is one integer of fixed width, scaled by a power of ten. The length is strict
 /// (SPEC.md §5.3): anything but exactly `width` octets is rejected.
 public struct ScalarCharacteristicParser: GATTCharacteristicParser {
+    /// The characteristic UUIDs this parser handles.
     public let uuids: [BluetoothUUID]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name: String
     /// The published field (`temperature_c`).
     public let field: String
@@ -40,6 +42,7 @@ public struct ScalarCharacteristicParser: GATTCharacteristicParser {
         self.names = names
     }
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         guard bytes.count == width else {
             if bytes.count < width {
@@ -64,6 +67,7 @@ public struct ScalarCharacteristicParser: GATTCharacteristicParser {
         return reading
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         var writer = ByteWriter(capacity: width)
         var fieldValue = value[field] ?? .null
@@ -75,10 +79,12 @@ public struct ScalarCharacteristicParser: GATTCharacteristicParser {
             writer.uintLE(UInt64(bitPattern: notKnown), width)
             return writer.bytes
         }
-        if let validRange, let number = fieldValue.numberValue,
-            !validRange.contains(Int64((number * powerOfTen(-decimalExponent)).rounded()))
-        {
-            throw .notEncodable("\(name): \(field) \(number) is outside \(validRange)")
+        if let validRange, let number = fieldValue.numberValue {
+            // Compared as Doubles: a value from outside (1e300, NaN) must be rejected, not trap in Int64(_:).
+            let raw = (number * powerOfTen(-decimalExponent)).rounded()
+            guard raw >= Double(validRange.lowerBound), raw <= Double(validRange.upperBound) else {
+                throw .notEncodable("\(name): \(field) \(number) is outside \(validRange)")
+            }
         }
         try writer.scaled(
             fieldValue,
@@ -90,7 +96,9 @@ public struct ScalarCharacteristicParser: GATTCharacteristicParser {
 
 /// An ESS concentration sent as SFLOAT in kg/m³ (SPEC.md §3.6): publishes `<base>_kg_m3` and `<base>_ug_m3`.
 public struct ConcentrationCharacteristicParser: GATTCharacteristicParser {
+    /// The characteristic UUIDs this parser handles.
     public let uuids: [BluetoothUUID]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name: String
     /// The field stem (`pm25`).
     public let base: String
@@ -101,6 +109,7 @@ public struct ConcentrationCharacteristicParser: GATTCharacteristicParser {
         self.base = base
     }
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         guard bytes.count == 2 else {
             if bytes.count < 2 { throw .truncated(offset: 0, needed: 2, available: bytes.count) }
@@ -115,6 +124,7 @@ public struct ConcentrationCharacteristicParser: GATTCharacteristicParser {
         return reading
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         let field = "\(base)_kg_m3"
         var writer = ByteWriter(capacity: 2)
@@ -132,11 +142,15 @@ public struct ConcentrationCharacteristicParser: GATTCharacteristicParser {
 
 /// GAP Appearance 0x2A01: `appearance` plus its `appearance_category` (bits 6-15) and `appearance_subcategory`.
 public struct AppearanceParser: GATTCharacteristicParser {
+    /// The characteristic UUIDs this parser handles.
     public let uuids = [BluetoothUUID(UInt16(0x2A01))]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "appearance"
 
+    /// Creates the parser.
     public init() {}
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         guard bytes.count == 2 else {
             if bytes.count < 2 { throw .truncated(offset: 0, needed: 2, available: bytes.count) }
@@ -151,6 +165,7 @@ public struct AppearanceParser: GATTCharacteristicParser {
         ])
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         var writer = ByteWriter(capacity: 2)
         if value.has("appearance") {

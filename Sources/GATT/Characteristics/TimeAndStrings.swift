@@ -2,11 +2,15 @@
 
 /// Date Time 0x2A08: exactly 7 octets → `timestamp` (or `null` + `timestamp_fields` when a part is not known).
 public struct DateTimeParser: GATTCharacteristicParser {
+    /// The characteristic UUIDs this parser handles.
     public let uuids = [BluetoothUUID(UInt16(0x2A08))]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "date_time"
 
+    /// Creates the parser.
     public init() {}
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         try checkLength(bytes, 7)
         var cursor = ByteCursor(bytes)
@@ -15,6 +19,7 @@ public struct DateTimeParser: GATTCharacteristicParser {
         return reading
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         var writer = ByteWriter(capacity: 7)
         try GATTDateTime.from(value).write(to: &writer, field: "timestamp")
@@ -25,11 +30,15 @@ public struct DateTimeParser: GATTCharacteristicParser {
 /// Current Time 0x2A2B: exactly 10 octets → `timestamp`, `day_of_week` (1 = Monday, 0 = unknown → null),
 /// `fractions256`, `adjust_reason` (bit field).
 public struct CurrentTimeParser: GATTCharacteristicParser {
+    /// The characteristic UUIDs this parser handles.
     public let uuids = [BluetoothUUID(UInt16(0x2A2B))]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "current_time"
 
+    /// Creates the parser.
     public init() {}
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         try checkLength(bytes, 10)
         var cursor = ByteCursor(bytes)
@@ -42,6 +51,7 @@ public struct CurrentTimeParser: GATTCharacteristicParser {
         return reading
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         var writer = ByteWriter(capacity: 10)
         try GATTDateTime.from(value).write(to: &writer, field: "timestamp")
@@ -59,7 +69,9 @@ public struct CurrentTimeParser: GATTCharacteristicParser {
 /// A UTF-8 string characteristic (utf8s): no terminator, trailing NUL padding stripped (SPEC.md §5.6); invalid
 /// UTF-8 becomes U+FFFD rather than an error.
 public struct StringCharacteristicParser: GATTCharacteristicParser {
+    /// The characteristic UUIDs this parser handles.
     public let uuids: [BluetoothUUID]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name: String
     /// The published field (`manufacturer_name`).
     public let field: String
@@ -70,10 +82,12 @@ public struct StringCharacteristicParser: GATTCharacteristicParser {
         self.field = field ?? name
     }
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         GATTReading([GATTField(field, .string(decodeUTF8(bytes[...])))])
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         guard let text = try value.required(field, in: name).stringValue else {
             throw .notEncodable("\(name): \(field) is not a string")
@@ -95,11 +109,15 @@ public struct StringCharacteristicParser: GATTCharacteristicParser {
 
 /// PnP ID 0x2A50: `vendor_id_source` (1 Bluetooth SIG, 2 USB-IF), `vendor_id`, `product_id`, `product_version`.
 public struct PnPIDParser: GATTCharacteristicParser {
+    /// The characteristic UUIDs this parser handles.
     public let uuids = [BluetoothUUID(UInt16(0x2A50))]
+    /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "pnp_id"
 
+    /// Creates the parser.
     public init() {}
 
+    /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         try checkLength(bytes, 7)
         var cursor = ByteCursor(bytes)
@@ -111,6 +129,7 @@ public struct PnPIDParser: GATTCharacteristicParser {
         ])
     }
 
+    /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         var writer = ByteWriter(capacity: 7)
         for (field, width) in [("vendor_id_source", 1), ("vendor_id", 2), ("product_id", 2), ("product_version", 2)] {
