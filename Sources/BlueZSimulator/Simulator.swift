@@ -71,7 +71,8 @@ public final class BlueZSimulator: @unchecked Sendable {
         do { connection = try DBusConnection(bus) } catch {
             throw SimulatorError("cannot connect to the bus: \(error)")
         }
-        let server = DBusObjectServer(connection: connection, objectManagerPath: "/")
+        // bluetoothd's gdbus answers Properties errors with its own names (InvalidArgs for an unknown property).
+        let server = DBusObjectServer(connection: connection, objectManagerPath: "/", propertyErrors: .bluez)
         let controlServer = DBusObjectServer(connection: connection, objectManagerPath: "/org/bluez/sim")
         let epoch = loop.withLock { l -> Int in
             l.connection = connection
