@@ -71,7 +71,7 @@ final class SimClient: @unchecked Sendable {
     let control: DBusConnection
 
     init(_ scenario: String = testScenario) async throws {
-        sim = try await offPool { try SimulatorFixture(scenario: scenario) }
+        sim = try await SimulatorFixture.start(scenario: scenario)
         client = try BlueZClient(
             bus: .address(sim.address), logger: BlueZLogger(handler: TestLogHandler(), level: .debug))
         try await client.start(timeout: .seconds(10))
@@ -81,7 +81,7 @@ final class SimClient: @unchecked Sendable {
     deinit {
         client.close()
         control.close()
-        stopInBackground(sim)
+        sim.stopInBackground()
     }
 
     /// Calls `io.blebridge.Simulator1.method` on the simulator.

@@ -69,17 +69,6 @@ extension MQTTClient {
     }
 }
 
-/// Runs a command and throws if it fails.
-@discardableResult
-func run(_ program: String, _ arguments: [String]) throws -> String {
-    guard let url = which(program) else { throw HarnessError("\(program) not found") }
-    let result = try runCommand(url, arguments)
-    guard result.status == 0 else {
-        throw HarnessError("\(program) \(arguments.joined(separator: " ")) failed: \(result.stderr)")
-    }
-    return result.stdout
-}
-
 /// A TCP peer on a free loopback port that accepts one connection, reads once, writes its scripted replies and
 /// keeps the socket open until it is deinitialised. For broker behaviour mosquitto does not show.
 final class ScriptedPeer: @unchecked Sendable {

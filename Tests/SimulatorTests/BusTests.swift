@@ -127,21 +127,16 @@ struct Client {
     }
 }
 
-/// Starts a fixture without blocking the cooperative pool (see `SimulatorFixture.start`).
-func startFixture(scenario: String) async throws -> SimulatorFixture {
-    try await SimulatorFixture.start(scenario: scenario)
-}
-
 func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
     var text = try String(contentsOf: Fixtures.config("demo-scenario.yaml"), encoding: .utf8)
     if !extra.isEmpty { text = text.replacingOccurrences(of: "temporary_timeout: 30", with: extra) }
-    return try await startFixture(scenario: text)
+    return try await SimulatorFixture.start(scenario: text)
 }
 
 @Suite(.serialized) struct SimulatorBusTests {
     @Test func exportsTheAdapterAndManagersLikeBlueZ() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         let paths = try await c.managedPaths()
         #expect(paths == ["/org/bluez", "/org/bluez/hci0"])
@@ -157,7 +152,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func discoveryStopRemovesNonConnectableAndInvalidatesRSSI() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         let rec = try await SignalRecorder(c.connection)
         try await c.discover(hrPath)
@@ -181,7 +176,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func temporaryDevicesExpire() async throws {
         let sim = try await demoFixture("temporary_timeout: 1.5")
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         try await c.discover(hrPath)
         try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StopDiscovery")
@@ -193,7 +188,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func connectAndDisconnectSignalOrder() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         try await c.discover(hrPath)
         try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StopDiscovery")
@@ -247,7 +242,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func notifySessionsArePerSenderAndDroppedWhenTheSenderLeaves() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let a = try Client(sim)
         let b = try Client(sim)
         try await a.discover(hrPath)
@@ -274,7 +269,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func acquireWriteCarriesDatagramsAndLocksWriteValue() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         try await c.discover(echoPath)
         try await c.call(echoPath, "org.bluez.Device1", "Connect")
@@ -316,7 +311,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func injectedFaults() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         try await c.discover(hrPath)
         try await c.control("InjectFault", [.string(hr), .string("in-progress"), .string("{}")])
@@ -373,7 +368,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func servicesResolvedBeforeObjectsFault() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         try await c.discover(hrPath)
         try await c.control("InjectFault", [.string(hr), .string("services-resolved-early"), .string("{}")])
@@ -390,7 +385,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func controlChangesTheWorld() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         let rec = try await SignalRecorder(c.connection)
         let path = try await c.control(
@@ -425,7 +420,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func pushedAndGeneratedNotifications() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         try await c.discover(hrPath)
         try await c.call(hrPath, "org.bluez.Device1", "Connect")
@@ -447,7 +442,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func restartDaemonDropsEverythingAndComesBack() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         let owners = try await c.connection.nameOwnerChanges("org.bluez")
         try await c.discover(hrPath)
@@ -460,18 +455,18 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
         #expect(seen[0] != nil)
         #expect(seen[1] == nil)
         #expect(seen[2] != nil && seen[2] != seen[0])
-        try sim.waitForBlueZ()
+        try await sim.waitForBlueZ()
         #expect(try await c.managedPaths() == ["/org/bluez", "/org/bluez/hci0"])
         #expect(try await c.control("GetCounters").first?.stringVariantDictionary?["restarts"]?.int64 == 1)
     }
 
     @Test func harnessControlViaDBusSend() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
-        let out = try sim.control("GetCounters")
+        defer { sim.stopInBackground() }
+        let out = try await sim.control("GetCounters")
         #expect(out.contains("devices_exported"))
-        #expect(throws: HarnessError.self) {
-            try sim.control("InjectFault", ["string:\(hr)", "string:nope", "string:{}"])
+        await #expect(throws: HarnessError.self) {
+            try await sim.control("InjectFault", ["string:\(hr)", "string:nope", "string:{}"])
         }
     }
 }
@@ -479,7 +474,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 @Suite(.serialized) struct SimulatorBusEdgeTests {
     @Test func withoutGATTCacheTheObjectsGoAwayOnDisconnect() async throws {
         let sim = try await demoFixture("temporary_timeout: 30\n  gatt_cache: false")
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         try await c.discover(hrPath)
         try await c.call(hrPath, "org.bluez.Device1", "Connect")
@@ -495,14 +490,14 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
     }
 
     @Test func duplicateDataResignalsEveryAdvertisement() async throws {
-        let sim = try await startFixture(
+        let sim = try await SimulatorFixture.start(
             scenario: """
                 peripherals:
                   - address: "C0:FF:EE:00:00:01"
                     advertising_interval: 0.05
                     manufacturer_data: [{company: 0x004C, value: "02 15"}]
                 """)
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         let device: DBusObjectPath = "/org/bluez/hci0/dev_C0_FF_EE_00_00_01"
         let rec = try await SignalRecorder(c.connection)
@@ -524,7 +519,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func rssiFilterKeepsWeakDevicesOut() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         try await c.call(
             "/org/bluez/hci0", "org.bluez.Adapter1", "SetDiscoveryFilter",
@@ -539,13 +534,13 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
     }
 
     @Test func optionalPropertiesAreAbsentAndRemoveDeviceDisconnectsFirst() async throws {
-        let sim = try await startFixture(
+        let sim = try await SimulatorFixture.start(
             scenario: """
                 peripherals:
                   - address: "C0:FF:EE:00:00:02"
                     gatt: [{uuid: "180F", characteristics: [{uuid: "2A19", flags: [read], value: "64"}]}]
                 """)
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         let device: DBusObjectPath = "/org/bluez/hci0/dev_C0_FF_EE_00_00_02"
         try await c.discover(device)
@@ -575,13 +570,13 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
     }
 
     @Test func pairedDevicesExistAtStartWithoutRSSI() async throws {
-        let sim = try await startFixture(
+        let sim = try await SimulatorFixture.start(
             scenario: """
                 peripherals:
                   - {address: "C0:FF:EE:00:00:03", name: Known, paired: true, tx_power: 4}
                   - {address: "C0:FF:EE:00:00:04", name: Stranger}
                 """)
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         let known: DBusObjectPath = "/org/bluez/hci0/dev_C0_FF_EE_00_00_03"
         #expect(try await c.managedPaths() == ["/org/bluez", "/org/bluez/hci0", known.rawValue])
@@ -596,7 +591,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func hostileCallsNeverCrashTheSimulator() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         try await c.discover(hrPath)
         try await c.call(hrPath, "org.bluez.Device1", "Connect")
