@@ -83,15 +83,7 @@ final class ScriptedPeer: @unchecked Sendable {
         self.listener = listener
         var reuse: Int32 = 1
         setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &reuse, socklen_t(MemoryLayout<Int32>.size))
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = port.bigEndian
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-            }
-        }
+        let bound = withLoopbackAddress(port: port) { address, length in bind(listener, address, length) }.result
         guard bound == 0, listen(listener, 1) == 0 else { throw HarnessError("scripted peer: bind/listen failed") }
         Thread.detachNewThread { [self] in
             let fd = accept(listener, nil, nil)

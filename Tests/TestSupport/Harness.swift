@@ -67,25 +67,42 @@ public final class TemporaryDirectory: @unchecked Sendable {
     deinit { try? FileManager.default.removeItem(at: url) }
 }
 
+/// Calls `body` with a `sockaddr` for 127.0.0.1:`port` (port 0: any) and its length; `body` may change it (for
+/// `getsockname`). Returns what `body` returns and the port the address holds afterwards.
+public func withLoopbackAddress<R>(
+    port: UInt16, _ body: (UnsafeMutablePointer<sockaddr>, socklen_t) -> R
+) -> (result: R, port: UInt16) {
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_port = port.bigEndian
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    let result = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+    }
+    return (result, UInt16(bigEndian: address.sin_port))
+}
+
 /// Asks the kernel for a free TCP port on 127.0.0.1.
 public func freeLoopbackPort() throws -> UInt16 {
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
     guard fd >= 0 else { throw HarnessError("socket() failed: errno \(errno)") }
     defer { close(fd) }
-    var addr = sockaddr_in()
-    addr.sin_family = sa_family_t(AF_INET)
-    addr.sin_port = 0
-    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-    let bound = withUnsafePointer(to: &addr) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) }
-    }
+    let bound = withLoopbackAddress(port: 0) { address, length in bind(fd, address, length) }.result
     guard bound == 0 else { throw HarnessError("bind() failed: errno \(errno)") }
-    let named = withUnsafeMutablePointer(to: &addr) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) }
+    let named = withLoopbackAddress(port: 0) { address, length in
+        var length = length
+        return getsockname(fd, address, &length)
     }
-    guard named == 0 else { throw HarnessError("getsockname() failed: errno \(errno)") }
-    return UInt16(bigEndian: addr.sin_port)
+    guard named.result == 0 else { throw HarnessError("getsockname() failed: errno \(errno)") }
+    return named.port
+}
+
+/// True when something accepts TCP connections on 127.0.0.1:`port`.
+public func canConnect(port: UInt16) -> Bool {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard fd >= 0 else { return false }
+    defer { close(fd) }
+    return withLoopbackAddress(port: port) { address, length in connect(fd, address, length) }.result == 0
 }
 
 // MARK: - Waiting
@@ -543,21 +560,4 @@ public final class MosquittoBroker: @unchecked Sendable {
         process = try Self.launch(configURL)
         try await Self.waitUntilListening(port: port, process: process)
     }
-}
-
-/// True when something accepts TCP connections on 127.0.0.1:`port`.
-public func canConnect(port: UInt16) -> Bool {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    guard fd >= 0 else { return false }
-    defer { close(fd) }
-    var addr = sockaddr_in()
-    addr.sin_family = sa_family_t(AF_INET)
-    addr.sin_port = port.bigEndian
-    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-    let result = withUnsafePointer(to: &addr) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-            connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-        }
-    }
-    return result == 0
 }
