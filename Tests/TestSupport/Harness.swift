@@ -1,6 +1,7 @@
 // Test harness: starts the real parts (a private dbus-daemon, a mosquitto broker, our executables) and stops them
 // by PID. Tests use full Foundation; the daemon's own targets do not.
 import Foundation
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -159,6 +160,29 @@ public func runWithClearedSignalMask(_ process: Process) throws {
     try process.run()
 }
 
+/// Every child the harness started and has not seen exit. They are killed when the test process exits: fixtures are not
+/// always deinitialised before the runner exits (and a background stop may not have run yet), and a daemon must
+/// never outlive the run.
+private enum LiveChildren {
+    static let processes = Mutex<[ObjectIdentifier: Process]>([:])
+    private static let killAtExit: Void = { atexit { LiveChildren.killAll() } }()
+
+    static func add(_ process: Process) {
+        _ = killAtExit
+        processes.withLock { $0[ObjectIdentifier(process)] = process }
+    }
+
+    static func remove(_ process: Process) {
+        _ = processes.withLock { $0.removeValue(forKey: ObjectIdentifier(process)) }
+    }
+
+    static func killAll() {
+        processes.withLock { live in
+            for process in live.values where process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        }
+    }
+}
+
 /// A child process that is stopped (SIGTERM, then SIGKILL) when stopped or deinitialised.
 ///
 /// Its stdout and stderr go to files in a private temp dir (no pipes, no `readabilityHandler` and no dispatch
@@ -207,6 +231,7 @@ public final class ChildProcess: @unchecked Sendable {
         process.standardError = stderrHandle
         process.standardInput = FileHandle.nullDevice
         try runWithClearedSignalMask(process)
+        LiveChildren.add(process)
     }
 
     /// Everything the process wrote to stdout so far.
@@ -280,6 +305,7 @@ public final class ChildProcess: @unchecked Sendable {
 
     private func exitStatus() -> Int32 {
         process.waitUntilExit()  // returns at once: the process is known to have exited
+        LiveChildren.remove(process)
         return process.terminationStatus
     }
 
@@ -296,16 +322,18 @@ public final class ChildProcess: @unchecked Sendable {
 
     /// The async form of `stop(grace:)`.
     public func stop(grace: TimeInterval = 3) async {
-        guard process.isRunning else { return }
+        guard process.isRunning else { return LiveChildren.remove(process) }
         Glibc.kill(process.processIdentifier, SIGTERM)
         let process = self.process
         if (try? await waitUntil(timeout: grace, every: 0.005, { !process.isRunning })) != true {
             Self.kill(process)
         }
+        LiveChildren.remove(process)
     }
 
-    /// Stops the process (`stop()`) on a background thread and returns at once.
+    /// Sends SIGTERM now and finishes `stop()` (SIGKILL after the grace period, reaping) on a background thread.
     public func stopInBackground() {
+        signal(SIGTERM)
         Thread.detachNewThread { [self] in stop() }
     }
 
@@ -313,20 +341,22 @@ public final class ChildProcess: @unchecked Sendable {
     public func kill() { Self.kill(process) }
 
     private static func terminate(_ process: Process, grace: TimeInterval) {
-        guard process.isRunning else { return }
+        guard process.isRunning else { return LiveChildren.remove(process) }
         Glibc.kill(process.processIdentifier, SIGTERM)
         if !waitUntilBlocking(timeout: grace, every: 0.005, { !process.isRunning }) { kill(process) }
+        LiveChildren.remove(process)
     }
 
     private static func kill(_ process: Process) {
         if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
         // SIGKILL cannot be ignored: this ends within milliseconds.
         while process.isRunning { usleep(1000) }
+        LiveChildren.remove(process)
     }
 
     /// Never blocks: a child still running gets SIGTERM now and is reaped on a background thread.
     deinit {
-        guard process.isRunning else { return }
+        guard process.isRunning else { return LiveChildren.remove(process) }
         Glibc.kill(process.processIdentifier, SIGTERM)
         let leftovers = Leftovers(process: process, directory: outputDirectory)
         Thread.detachNewThread { ChildProcess.terminate(leftovers.process, grace: 1) }

@@ -185,8 +185,10 @@ public final class SimulatorFixture: @unchecked Sendable {
         await bus.stop()
     }
 
-    /// Stops the simulator and its bus on a background thread and returns at once (for `defer` in async tests).
+    /// Sends `bluez-sim` SIGTERM now and finishes `stop()` on a background thread; returns at once (for `defer` in
+    /// async tests).
     public func stopInBackground() {
+        process.signal(SIGTERM)
         Thread.detachNewThread { [self] in stop() }
     }
 }
