@@ -72,3 +72,17 @@ import Testing
         #expect(!slow.isRunning)
     }
 }
+
+@Suite struct CPUBoundTests {
+    static func niceness() -> Int32 { getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0) }
+
+    @Test func runsAtTheLowestPriorityOnItsOwnThread() async throws {
+        let before = Self.niceness()
+        let inside = try await cpuBound { (Self.niceness(), Thread.isMainThread) }
+        #expect(inside.0 == 19)
+        #expect(!inside.1)
+        // Only that thread was lowered: the test's own thread keeps its priority.
+        #expect(Self.niceness() == before)
+        await #expect(throws: HarnessError.self) { try await cpuBound { throw HarnessError("inside") } }
+    }
+}

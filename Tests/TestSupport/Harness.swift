@@ -144,6 +144,22 @@ public func offPool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) asy
     }
 }
 
+/// Runs the CPU-bound `body` on a fresh thread at the lowest scheduling priority (nice 19) and returns its result.
+///
+/// Swift Testing runs every test on a cooperative pool of as many threads as cores (two here): a long synchronous
+/// loop there starves the other tests' continuations (a 300 ms D-Bus timeout was seen to take 39 s). On its own
+/// low-priority thread the loop soaks up idle CPU only, and the pool stays free. Record issues after it returns
+/// (`#expect` belongs to the test's task, not to this thread).
+public func cpuBound<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        Thread.detachNewThread {
+            // On Linux the nice value belongs to the thread, and `who` 0 is the calling thread.
+            _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, 19)
+            continuation.resume(with: Result { try body() })
+        }
+    }
+}
+
 // MARK: - Child processes
 
 /// Starts `process` with an empty signal mask.
