@@ -2,28 +2,6 @@ import Foundation
 import MQTT
 import TestSupport
 
-struct TimeoutError: Error, CustomStringConvertible {
-    let description: String
-}
-
-/// Runs `body`, failing with a `TimeoutError` naming `what` after `seconds`.
-func within<T: Sendable>(
-    _ seconds: Double, _ what: String, _ body: @escaping @Sendable () async throws -> T
-) async throws -> T {
-    try await withThrowingTaskGroup(of: T?.self) { group in
-        group.addTask { try await body() }
-        group.addTask {
-            try await Task.sleep(for: .seconds(seconds))
-            return nil
-        }
-        defer { group.cancelAll() }
-        guard let first = try await group.next(), let value = first else {
-            throw TimeoutError(description: "timed out after \(seconds) s: \(what)")
-        }
-        return value
-    }
-}
-
 /// A configuration for a broker started by the harness.
 func configuration(
     _ broker: MosquittoBroker, version: MQTTProtocolVersion = .v5, clientID: String? = nil
@@ -64,7 +42,7 @@ extension MQTTClient {
         let states = connectionStates()
         _ = try await within(timeout, "connection state: \(what)") {
             for await state in states where predicate(state) { return true }
-            throw TimeoutError(description: "state stream ended before: \(what)")
+            throw TimeoutError("state stream ended before: \(what)")
         }
     }
 }

@@ -58,17 +58,6 @@ final class SignalRecorder: Sendable {
     }
 }
 
-/// Polls `condition` every 10 ms until it holds or `seconds` pass; returns whether it held.
-@discardableResult
-func eventually(_ seconds: Double = 5, _ condition: () async throws -> Bool) async throws -> Bool {
-    let deadline = Date().addingTimeInterval(seconds)
-    while Date() < deadline {
-        if try await condition() { return true }
-        try await Task.sleep(for: .milliseconds(10))
-    }
-    return try await condition()
-}
-
 let hr = "A0:9E:1A:4F:2C:11"
 let hrPath: DBusObjectPath = "/org/bluez/hci0/dev_A0_9E_1A_4F_2C_11"
 let echo = "F1:E2:D3:C4:B5:A6"
@@ -118,12 +107,12 @@ struct Client {
     /// Scans until `path` exists.
     func discover(_ path: DBusObjectPath) async throws {
         try await call("/org/bluez/hci0", "org.bluez.Adapter1", "StartDiscovery")
-        try await eventually(3) { await property(path, "org.bluez.Device1", "Address") != nil }
+        try await waitUntil(timeout: 3) { await property(path, "org.bluez.Device1", "Address") != nil }
         #expect(await property(path, "org.bluez.Device1", "Address") != nil)
     }
 
     func waitResolved(_ path: DBusObjectPath) async throws {
-        try await eventually(3) { await property(path, "org.bluez.Device1", "ServicesResolved")?.bool == true }
+        try await waitUntil(timeout: 3) { await property(path, "org.bluez.Device1", "ServicesResolved")?.bool == true }
     }
 }
 
@@ -182,7 +171,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
         try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StopDiscovery")
         #expect(try await c.managedPaths().contains(hrPath.rawValue))
         let stopped = Date()
-        #expect(try await eventually(5) { !(try await c.managedPaths().contains(hrPath.rawValue)) })
+        #expect(try await waitUntil(timeout: 5) { !(try await c.managedPaths().contains(hrPath.rawValue)) })
         #expect(Date().timeIntervalSince(stopped) > 1.0)  // not before TemporaryTimeout
     }
 
@@ -263,7 +252,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
                 == DBusError(name: "org.bluez.Error.Failed", message: "No notify session started"))
         #expect(await a.property(char, iface, "Notifying")?.bool == true)
         b.connection.close()
-        try await eventually(2) { await a.property(char, iface, "Notifying")?.bool == false }
+        try await waitUntil(timeout: 2) { await a.property(char, iface, "Notifying")?.bool == false }
         #expect(await a.property(char, iface, "Notifying")?.bool == false)
     }
 
@@ -305,7 +294,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
                 ]),
             ])
         close(fd)
-        try await eventually(2) { await c.property(rx, iface, "WriteAcquired")?.bool == false }
+        try await waitUntil(timeout: 2) { await c.property(rx, iface, "WriteAcquired")?.bool == false }
         #expect(await c.property(rx, iface, "WriteAcquired")?.bool == false)
     }
 
@@ -346,7 +335,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
         }
         let callsBefore = try await connectCalls() ?? 0
         async let pending = c.error(hrPath, "org.bluez.Device1", "Connect", timeout: .seconds(10))
-        try await eventually(5) { try await connectCalls() != callsBefore }  // until the simulator holds the Connect
+        try await waitUntil(timeout: 5) { try await connectCalls() != callsBefore }  // until the simulator holds the Connect
         try await c.call(hrPath, "org.bluez.Device1", "Disconnect")
         let canceled = await pending
         #expect(canceled == DBusError(name: "org.bluez.Error.Failed", message: "br-connection-canceled"))
@@ -584,7 +573,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
         #expect(await c.property(known, "org.bluez.Device1", "Name") == .string("Known"))
         #expect(await c.property(known, "org.bluez.Device1", "RSSI") == nil)
         try await c.discover(known)
-        try await eventually(2) { await c.property(known, "org.bluez.Device1", "RSSI") != nil }
+        try await waitUntil(timeout: 2) { await c.property(known, "org.bluez.Device1", "RSSI") != nil }
         #expect(await c.property(known, "org.bluez.Device1", "RSSI") == .int16(-60))
         #expect(await c.property(known, "org.bluez.Device1", "TxPower") == .int16(4))
     }

@@ -136,6 +136,37 @@ public func waitUntil(
     }
 }
 
+/// What a wait throws when it gives up.
+public struct TimeoutError: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// Runs `body`, failing with a `TimeoutError` naming `what` after `seconds` (`body` is then cancelled).
+public func within<T: Sendable>(
+    _ seconds: Double, _ what: String, _ body: @escaping @Sendable () async throws -> T
+) async throws -> T {
+    try await withThrowingTaskGroup(of: T?.self) { group in
+        group.addTask { try await body() }
+        group.addTask {
+            try await Task.sleep(for: .seconds(seconds))
+            return nil
+        }
+        defer { group.cancelAll() }
+        guard let first = try await group.next(), let value = first else {
+            throw TimeoutError("timed out after \(seconds) s: \(what)")
+        }
+        return value
+    }
+}
+
+/// Waits until `condition` holds, checking every 10 ms; throws a `TimeoutError` naming `what` after `seconds`.
+public func eventually(_ seconds: Double = 5, _ what: String, _ condition: () async throws -> Bool) async throws {
+    guard try await waitUntil(timeout: seconds, condition) else {
+        throw TimeoutError("timed out after \(seconds) s waiting for \(what)")
+    }
+}
+
 /// Runs the blocking `body` on a fresh thread and returns its result, so that it does not stall the cooperative
 /// pool (Swift Testing runs async tests on very few threads).
 public func offPool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
