@@ -86,3 +86,17 @@ import Testing
         await #expect(throws: HarnessError.self) { try await cpuBound { throw HarnessError("inside") } }
     }
 }
+
+@Suite struct EnvironmentTests {
+    @Test func setEnvironmentVariableAddsAndReplaces() async throws {
+        let name = "BLEBRIDGE_HARNESS_TEST_\(UInt32.random(in: 0...UInt32.max))"
+        #expect(getenv(name) == nil)
+        try setEnvironmentVariable(name, "one")
+        #expect(getenv(name).map { String(cString: $0) } == "one")
+        try setEnvironmentVariable(name, "two")
+        #expect(getenv(name).map { String(cString: $0) } == "two")
+        // Children started afterwards inherit it (once).
+        let env = try await runCommand(URL(fileURLWithPath: "/usr/bin/env"), [])
+        #expect(env.stdout.split(separator: "\n").filter { $0.hasPrefix("\(name)=") } == ["\(name)=two"])
+    }
+}

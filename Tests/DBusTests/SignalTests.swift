@@ -259,8 +259,9 @@ func members(until stream: DBusSignalStream) async -> [String] {
 
     @Test func systemAndSessionBusesHonourTheEnvironment() async throws {
         let fixture = try await BusFixture()
-        // setenv affects the whole test process; the value only matters to .system connections.
-        setenv("DBUS_SYSTEM_BUS_ADDRESS", fixture.address, 1)
+        // This affects the whole test process; the value only matters to .system connections. (Not `setenv`: it can
+        // crash a concurrent `getenv` on another thread.)
+        try setEnvironmentVariable("DBUS_SYSTEM_BUS_ADDRESS", fixture.address)
         let connection = try DBusConnection(.system)
         let owner = try await connection.nameOwner("org.freedesktop.DBus")
         #expect(owner == "org.freedesktop.DBus")
@@ -268,7 +269,7 @@ func members(until stream: DBusSignalStream) async -> [String] {
             destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
             method: "ListNames")
         #expect(names.first?.arrayElements?.contains(.string(connection.uniqueName)) == true)
-        setenv("DBUS_SESSION_BUS_ADDRESS", fixture.address, 1)
+        try setEnvironmentVariable("DBUS_SESSION_BUS_ADDRESS", fixture.address)
         let session = try DBusConnection(.session)
         try await session.ping(connection.uniqueName)  // libdbus answers Peer.Ping for every connection
         #expect(try await session.nameOwner("org.freedesktop.DBus") == "org.freedesktop.DBus")

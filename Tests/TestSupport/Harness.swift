@@ -106,6 +106,34 @@ public func canConnect(port: UInt16) -> Bool {
     return withLoopbackAddress(port: port) { address, length in connect(fd, address, length) }.result == 0
 }
 
+/// Sets an environment variable of the test process without racing concurrent `getenv` calls.
+///
+/// glibc's `setenv` reallocates the `environ` array when it adds a variable, and a `getenv` running on another
+/// thread at that moment (libdbus, Foundation, `Process`) reads freed memory: the test process crashed that way.
+/// Here a new array is built and swapped in with one pointer store; the old array and strings are leaked on purpose
+/// (glibc leaks replaced strings too), so a reader holding them stays valid.
+public func setEnvironmentVariable(_ name: String, _ value: String) throws {
+    // `environ` itself through its symbol: Swift imports the C global as read-only.
+    typealias Environment = UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>
+    guard let symbol = dlsym(nil, "environ") else { throw HarnessError("no `environ` symbol: \(name) not set") }
+    let slot = symbol.assumingMemoryBound(to: Environment?.self)
+    environmentLock.withLock { _ in
+        var entries: [UnsafeMutablePointer<CChar>?] = []
+        var index = 0
+        while let current = slot.pointee, let entry = current[index] {
+            if !String(cString: entry).hasPrefix(name + "=") { entries.append(entry) }
+            index += 1
+        }
+        entries.append(strdup("\(name)=\(value)"))
+        entries.append(nil)
+        let array = Environment.allocate(capacity: entries.count)
+        array.initialize(from: entries, count: entries.count)
+        slot.pointee = array
+    }
+}
+
+private let environmentLock = Mutex(())
+
 // MARK: - Waiting
 
 /// Calls `condition` every `interval` seconds until it returns true (then returns true) or `timeout` seconds pass
