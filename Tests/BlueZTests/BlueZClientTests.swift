@@ -168,7 +168,7 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         }
         #expect(discovery.restartCount >= 1)
         // Advertisements flow again: powering off dropped the devices (lost), and they appear anew.
-        let order = try await withTimeout(10, "the beacon to be lost and to appear again") {
+        let order = try await within(10, "the beacon to be lost and to appear again") {
             var seen: [String] = []
             for await event in discovery.events where event.device.address == beacon {
                 switch event {
@@ -371,7 +371,7 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         for v: [UInt8] in [[0x00, 0x48], [0x00, 0x49], [0x00, 0x49]] {
             try await t.simulator("PushNotification", [.string(strap), .string("2A37"), .bytes(v)])
         }
-        let got = try await withTimeout(10, "three notifications") {
+        let got = try await within(10, "three notifications") {
             var out: [[UInt8]] = []
             for try await v in values {
                 out.append(v)
@@ -393,7 +393,7 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         let start = ContinuousClock.now
         let sent = try await t.simulator("Burst", [.string(strap), .string("2A37"), .uint32(count)])
         #expect(sent.first?.uint32 == count)
-        let received = try await withTimeout(10, "\(count) notifications") {
+        let received = try await within(10, "\(count) notifications") {
             var seen: [UInt32] = []
             for try await v in values {
                 guard v.count == 4 else { continue }
@@ -470,7 +470,7 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         let final = await p.waitForDisconnection()
         #expect(final.kind == .bluetoothdStopped || final.kind == .unknown)
         #expect(p.disconnection?.kind == .bluetoothdStopped)
-        let sequence = try await withTimeout(10, "bluetoothd to come back") {
+        let sequence = try await within(10, "bluetoothd to come back") {
             var seen: [BlueZClientEvent] = []
             for await e in events {
                 seen.append(e)

@@ -71,7 +71,7 @@ final class SimClient: @unchecked Sendable {
     let control: DBusConnection
 
     init(_ scenario: String = testScenario) async throws {
-        sim = try await offPool { try SimulatorFixture(scenario: scenario) }
+        sim = try await SimulatorFixture.start(scenario: scenario)
         client = try BlueZClient(
             bus: .address(sim.address), logger: BlueZLogger(handler: TestLogHandler(), level: .debug))
         try await client.start(timeout: .seconds(10))
@@ -81,7 +81,7 @@ final class SimClient: @unchecked Sendable {
     deinit {
         client.close()
         control.close()
-        stopInBackground(sim)
+        sim.stopInBackground()
     }
 
     /// Calls `io.blebridge.Simulator1.method` on the simulator.
@@ -135,45 +135,14 @@ struct TestLogHandler: BlueZLogHandler {
     }
 }
 
-struct TimedOut: Error, CustomStringConvertible {
-    var what: String
-    var description: String { "timed out waiting for \(what)" }
-}
-
 /// The first discovery event for which `pick` returns a value.
 func firstEvent<T: Sendable>(
     _ discovery: BlueZDiscovery, timeout: Double, _ pick: @escaping @Sendable (BlueZDiscoveryEvent) -> T?
 ) async throws -> T {
-    try await withTimeout(timeout, "a discovery event") {
+    try await within(timeout, "a discovery event") {
         for await event in discovery.events {
             if let value = pick(event) { return value }
         }
-        throw TimedOut(what: "a discovery event (the stream ended)")
+        throw TimeoutError("a discovery event (the stream ended)")
     }
-}
-
-/// Runs `body`, failing after `seconds`.
-func withTimeout<T: Sendable>(_ seconds: Double, _ what: String, _ body: @escaping @Sendable () async throws -> T)
-    async throws -> T
-{
-    try await withThrowingTaskGroup(of: T.self) { group in
-        group.addTask { try await body() }
-        group.addTask {
-            try await Task.sleep(for: .milliseconds(Int(seconds * 1000)))
-            throw TimedOut(what: what)
-        }
-        defer { group.cancelAll() }
-        guard let first = try await group.next() else { throw TimedOut(what: what) }
-        return first
-    }
-}
-
-/// Waits until `condition` holds, polling every 10 ms.
-func eventually(_ seconds: Double = 5, _ what: String, _ condition: () async throws -> Bool) async throws {
-    let end = Date().addingTimeInterval(seconds)
-    while Date() < end {
-        if try await condition() { return }
-        try await Task.sleep(for: .milliseconds(10))
-    }
-    throw TimedOut(what: what)
 }

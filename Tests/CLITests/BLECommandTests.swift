@@ -14,18 +14,13 @@ private let nusRX = "6e400002-b5a3-f393-e0a9-e50e24dcca9e"
 private func blebridge(_ sim: SimulatorFixture, _ arguments: [String], timeout: TimeInterval = 30) async throws -> (
     status: Int32, stdout: String, stderr: String
 ) {
-    let environment = sim.environment
-    return try await offPool {
-        try runCommand(Fixtures.executable("blebridge"), arguments, environment: environment, timeout: timeout)
-    }
+    try await runCommand(Fixtures.executable("blebridge"), arguments, environment: sim.environment, timeout: timeout)
 }
 
-/// A simulator running the demo scenario (or `scenario`), started off the cooperative pool.
+/// A simulator running the demo scenario (or `scenario`).
 private func demo(_ scenario: String? = nil) async throws -> SimulatorFixture {
-    try await offPool {
-        if let scenario { return try SimulatorFixture(scenario: scenario) }
-        return try SimulatorFixture(scenarioFile: Fixtures.config("demo-scenario.yaml"))
-    }
+    if let scenario { return try await SimulatorFixture.start(scenario: scenario) }
+    return try await SimulatorFixture.start(scenarioFile: Fixtures.config("demo-scenario.yaml"))
 }
 
 private func json(_ text: String) throws -> Any {
@@ -35,7 +30,7 @@ private func json(_ text: String) throws -> Any {
 @Suite struct BLEScanCommandTests {
     @Test func scanTextListsEveryDemoDevice() async throws {
         let sim = try await demo()
-        defer { stopInBackground(sim) }
+        defer { sim.stopInBackground() }
         let r = try await blebridge(sim, ["scan", "--duration", "1.5"])
         #expect(r.status == 0, "stderr: \(r.stderr)")
         for address in [polar, "00:09:1F:84:6C:21", enviro, bthome, ruuvi, echo] {
@@ -56,7 +51,7 @@ private func json(_ text: String) throws -> Any {
 
     @Test func scanJSONAndServiceFilter() async throws {
         let sim = try await demo()
-        defer { stopInBackground(sim) }
+        defer { sim.stopInBackground() }
         let r = try await blebridge(sim, ["scan", "--duration", "1.2", "--json"])
         #expect(r.status == 0, "stderr: \(r.stderr)")
         let devices = try #require(try json(r.stdout) as? [[String: Any]])
@@ -97,7 +92,7 @@ private func json(_ text: String) throws -> Any {
 @Suite struct BLEConnectCommandTests {
     @Test func exploreTextShowsTreeAndDecodedValues() async throws {
         let sim = try await demo()
-        defer { stopInBackground(sim) }
+        defer { sim.stopInBackground() }
         let r = try await blebridge(sim, ["explore", polar])
         #expect(r.status == 0, "stderr: \(r.stderr)")
         let out = r.stdout
@@ -126,7 +121,7 @@ private func json(_ text: String) throws -> Any {
 
     @Test func exploreJSON() async throws {
         let sim = try await demo()
-        defer { stopInBackground(sim) }
+        defer { sim.stopInBackground() }
         let r = try await blebridge(sim, ["explore", enviro, "--json"])
         #expect(r.status == 0, "stderr: \(r.stderr)")
         let root = try #require(try json(r.stdout) as? [String: Any])
@@ -147,7 +142,7 @@ private func json(_ text: String) throws -> Any {
 
     @Test func readByUUIDAndByName() async throws {
         let sim = try await demo()
-        defer { stopInBackground(sim) }
+        defer { sim.stopInBackground() }
         let byName = try await blebridge(sim, ["read", polar, "battery_level"])
         #expect(byName.status == 0, "stderr: \(byName.stderr)")
         #expect(byName.stdout == "{\"battery_pct\":90}\n")
@@ -160,21 +155,21 @@ private func json(_ text: String) throws -> Any {
 
     @Test func writeWithAndWithoutResponse() async throws {
         let sim = try await demo()
-        defer { stopInBackground(sim) }
+        defer { sim.stopInBackground() }
         let request = try await blebridge(sim, ["write", echo, nusRX, "68656c6c6f"])
         #expect(request.status == 0, "stderr: \(request.stderr)")
         #expect(request.stdout == "wrote 5 byte(s) to \(nusRX) (request)\n")
         let command = try await blebridge(sim, ["write", echo, nusRX, "21", "--without-response"])
         #expect(command.status == 0, "stderr: \(command.stderr)")
         #expect(command.stdout == "wrote 1 byte(s) to \(nusRX) (command)\n")
-        let writes = try await offPool { try sim.control("GetWrites", ["string:\(echo)"]) }
+        let writes = try await sim.control("GetWrites", ["string:\(echo)"])
         #expect(writes.contains("\"request\""))
         #expect(writes.contains("\"command\""))
     }
 
     @Test func notifyPrintsDecodedValues() async throws {
         let sim = try await demo()
-        defer { stopInBackground(sim) }
+        defer { sim.stopInBackground() }
         let r = try await blebridge(sim, ["notify", polar, "2A37", "--count", "2"])
         #expect(r.status == 0, "stderr: \(r.stderr)")
         let lines = r.stdout.split(separator: "\n")
@@ -187,17 +182,17 @@ private func json(_ text: String) throws -> Any {
 
     @Test func notifyStopsAndDisconnectsOnInterrupt() async throws {
         let sim = try await demo()
-        defer { stopInBackground(sim) }
+        defer { sim.stopInBackground() }
         let environment = sim.environment
         let child = try ChildProcess(
             executable: Fixtures.executable("blebridge"), arguments: ["notify", enviro, "temperature"],
             environment: environment)
-        _ = try await offPool { try child.waitForOutput(timeout: 10) { $0.contains("temperature_c") } }
+        try await child.waitForOutput(timeout: 10) { $0.contains("temperature_c") }
         child.signal(SIGINT)
-        let status = try await offPool { try child.waitForExit(timeout: 10) }
+        let status = try await child.waitForExit(timeout: 10)
         #expect(status == 0, "stderr: \(child.stderr)")
         // The tool disconnected before exiting: the simulator has no connected device left.
-        let counters = try await offPool { try sim.control("GetCounters") }
+        let counters = try await sim.control("GetCounters")
         let connected = counters.range(of: #"devices_connected"\s+variant\s+int64 (\d+)"#, options: .regularExpression)
             .map { String(counters[$0]).split(separator: " ").last.map(String.init) ?? "" }
         #expect(connected == "0", "counters: \(counters)")
@@ -207,7 +202,7 @@ private func json(_ text: String) throws -> Any {
 @Suite struct BLEErrorTests {
     @Test func missingAdapterUnknownDeviceAndNotPermitted() async throws {
         let sim = try await demo()
-        defer { stopInBackground(sim) }
+        defer { sim.stopInBackground() }
         let adapter = try await blebridge(sim, ["read", polar, "2A19", "--adapter", "hci9"])
         #expect(adapter.status == 69)
         #expect(adapter.stderr == "blebridge read: adapter hci9: no such adapter (present: hci0)\n")
@@ -235,19 +230,17 @@ private func json(_ text: String) throws -> Any {
             peripherals: []
             """
         let sim = try await demo(scenario)
-        defer { stopInBackground(sim) }
+        defer { sim.stopInBackground() }
         let r = try await blebridge(sim, ["scan", "--duration", "0.2"])
         #expect(r.status == 69)
         #expect(r.stderr.contains("adapter hci0: powered off"))
     }
 
     @Test func bluetoothdNotRunning() async throws {
-        let bus = try await offPool { try PrivateBus() }
-        let environment = bus.environment
-        let r = try await offPool {
-            try runCommand(Fixtures.executable("blebridge"), ["scan", "--duration", "0.2"], environment: environment)
-        }
-        Thread { bus.daemon.stop() }.start()
+        let bus = try await PrivateBus.start()
+        let r = try await runCommand(
+            Fixtures.executable("blebridge"), ["scan", "--duration", "0.2"], environment: bus.environment)
+        await bus.stop()
         #expect(r.status == 69)
         #expect(r.stderr.contains("bluetoothd (org.bluez) is not running"))
     }

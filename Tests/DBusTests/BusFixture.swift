@@ -1,16 +1,17 @@
-// The DBus tests' bus fixture, on TestSupport's PrivateDBusDaemon (no readabilityHandler; see DBusHarness.swift).
+// The DBus tests' bus fixture, on TestSupport's PrivateBus.
 import DBus
 import Foundation
 import TestSupport
 
-/// A private bus for one test; the daemon is killed when the fixture goes away.
+/// A private bus for one test; the daemon is stopped when the fixture goes away.
 final class BusFixture: @unchecked Sendable {
-    let daemon: PrivateDBusDaemon
-    init() throws { daemon = try PrivateDBusDaemon() }
+    let bus: PrivateBus
+    /// Starts a private bus without holding a cooperative thread.
+    init() async throws { bus = try await PrivateBus.start() }
     /// The bus address.
-    var address: String { daemon.address }
+    var address: String { bus.address }
     /// A new private connection to this bus.
     func connect() throws -> DBusConnection { try DBusConnection(.address(address)) }
     /// Kills the daemon at once (the bus "going away").
-    func killDaemon() { daemon.killDaemon() }
+    func killDaemon() { bus.killDaemon() }
 }

@@ -5,7 +5,7 @@ import Testing
 
 @Suite struct ConnectionTests {
     @Test func connectsAndCallsTheBus() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let connection = try fixture.connect()
         #expect(connection.uniqueName.hasPrefix(":"))
         #expect(connection.isConnected)
@@ -20,7 +20,7 @@ import Testing
     }
 
     @Test func errorRepliesBecomeDBusErrors() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let connection = try fixture.connect()
         do {
             _ = try await connection.call(
@@ -41,7 +41,7 @@ import Testing
     }
 
     @Test func callTimesOut() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let server = try fixture.connect()
         let client = try fixture.connect()
         let objects = DBusObjectServer(connection: server)

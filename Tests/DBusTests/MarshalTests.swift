@@ -62,7 +62,7 @@ let everyType: [DBusValue] = [
     }
 
     @Test func everyTypeRoundTripsThroughTheBus() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let connection = try fixture.connect()
         let stream = try await connection.signals(
             matching: DBusMatchRule(interface: "org.example.T", member: "All", path: "/roundtrip"))
@@ -74,7 +74,7 @@ let everyType: [DBusValue] = [
     }
 
     @Test func fileDescriptorsPassThroughTheBus() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let sender = try fixture.connect()
         let receiver = try fixture.connect()
         #expect(sender.canPassUnixFDs && receiver.canPassUnixFDs)
@@ -179,7 +179,7 @@ let everyType: [DBusValue] = [
     }
 
     @Test func sendingInvalidMessagesThrowsAndTheConnectionSurvives() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let connection = try fixture.connect()
         #expect(throws: DBusError.self) {
             try connection.emitSignal(

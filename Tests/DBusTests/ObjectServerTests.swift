@@ -16,7 +16,7 @@ final class ServerFixture: @unchecked Sendable {
     var sets: [(String, DBusValue, String)] = []
 
     init() async throws {
-        bus = try BusFixture()
+        bus = try await BusFixture()
         server = try bus.connect()
         client = try bus.connect()
         #expect(try await server.requestName(ServerFixture.name) == .primaryOwner)
@@ -162,7 +162,7 @@ func expectError(
     }
 
     @Test func bluezStylePropertyErrors() async throws {
-        let bus = try BusFixture()
+        let bus = try await BusFixture()
         let server = try bus.connect()
         let client = try bus.connect()
         let objects = DBusObjectServer(connection: server, propertyErrors: .bluez)
@@ -540,7 +540,7 @@ func expectError(
         f.addThing(at: "/org/example/thing/child1")
         let address = f.bus.address
         if let gdbus = which("gdbus") {
-            let result = try await runTool(
+            let result = try await runCommand(
                 gdbus,
                 [
                     "introspect", "--address", address, "--dest", ServerFixture.name, "--object-path", "/",
@@ -554,10 +554,10 @@ func expectError(
             Issue.record("gdbus is not installed")
         }
         if let busctl = which("busctl") {
-            let tree = try await runTool(busctl, ["--address=\(address)", "tree", "--list", ServerFixture.name])
+            let tree = try await runCommand(busctl, ["--address=\(address)", "tree", "--list", ServerFixture.name])
             #expect(tree.status == 0, "\(tree.stderr)")
             #expect(tree.stdout.contains("/org/example/thing/child1"))
-            let property = try await runTool(
+            let property = try await runCommand(
                 busctl,
                 [
                     "--address=\(address)", "get-property", ServerFixture.name, "/org/example/thing",
@@ -578,7 +578,7 @@ func expectError(
             return
         }
         let address = f.bus.address
-        let get = try await runTool(
+        let get = try await runCommand(
             dbusSend,
             [
                 "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
@@ -586,7 +586,7 @@ func expectError(
             ])
         #expect(get.status == 0, "\(get.stderr)")
         #expect(get.stdout.contains("variant       string \"one\"") || get.stdout.contains("variant string \"one\""))
-        let add = try await runTool(
+        let add = try await runCommand(
             dbusSend,
             [
                 "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
@@ -594,7 +594,7 @@ func expectError(
             ])
         #expect(add.status == 0, "\(add.stderr)")
         #expect(add.stdout.contains("int32 42"))
-        let set = try await runTool(
+        let set = try await runCommand(
             dbusSend,
             [
                 "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",
@@ -605,7 +605,7 @@ func expectError(
         #expect(
             f.objects.property(at: "/org/example/thing", interface: ServerFixture.interface, "Name")
                 == .string("from-dbus-send"))
-        let unknown = try await runTool(
+        let unknown = try await runCommand(
             dbusSend,
             [
                 "--bus=\(address)", "--print-reply", "--dest=\(ServerFixture.name)", "/org/example/thing",

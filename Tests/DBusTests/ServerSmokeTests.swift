@@ -5,7 +5,7 @@ import Testing
 
 @Suite struct ServerSmokeTests {
     @Test func methodPropertiesAndSignals() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let server = try fixture.connect()
         let client = try fixture.connect()
         #expect(try await server.requestName("org.example.Smoke") == .primaryOwner)

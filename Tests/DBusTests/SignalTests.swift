@@ -16,7 +16,7 @@ func members(until stream: DBusSignalStream) async -> [String] {
 
 @Suite struct SignalTests {
     @Test func matchRulesFilterByPathNamespaceAndArguments() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let emitter = try fixture.connect()
         let listener = try fixture.connect()
         let byNamespace = try await listener.signals(
@@ -62,7 +62,7 @@ func members(until stream: DBusSignalStream) async -> [String] {
     }
 
     @Test func droppedStreamsRemoveTheirMatchRules() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let connection = try fixture.connect()
         let before = try #require(try await matchRuleCount(connection))
         do {
@@ -90,7 +90,7 @@ func members(until stream: DBusSignalStream) async -> [String] {
     }
 
     @Test func aWellKnownSenderRuleOnlyGetsTheOwnersSignals() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let listener = try fixture.connect()
         let owner = try fixture.connect()
         let other = try fixture.connect()
@@ -108,7 +108,7 @@ func members(until stream: DBusSignalStream) async -> [String] {
     }
 
     @Test func aSignalMatchedTwiceReachesBothStreams() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let connection = try fixture.connect()
         let a = try await connection.signals(matching: DBusMatchRule(interface: "org.example.Twice"))
         let b = try await connection.signals(matching: DBusMatchRule(member: "Once"))
@@ -120,7 +120,7 @@ func members(until stream: DBusSignalStream) async -> [String] {
     }
 
     @Test func nameOwnerChangesFollowOwnersAndClosedConnections() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let watcher = try fixture.connect()
         let changes = try await watcher.nameOwnerChanges("org.example.Owned")
         var iterator = changes.makeAsyncIterator()
@@ -150,7 +150,7 @@ func members(until stream: DBusSignalStream) async -> [String] {
     }
 
     @Test func cancellingACallFailsItPromptly() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let server = try fixture.connect()
         let client = try fixture.connect()
         let objects = DBusObjectServer(connection: server)
@@ -191,7 +191,7 @@ func members(until stream: DBusSignalStream) async -> [String] {
     }
 
     @Test func theBusGoingAwayIsReportedWithoutCrashing() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let server = try fixture.connect()
         let client = try fixture.connect()
         let objects = DBusObjectServer(connection: server)
@@ -234,7 +234,7 @@ func members(until stream: DBusSignalStream) async -> [String] {
     }
 
     @Test func closeWritesOutWhatWasQueued() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let listener = try fixture.connect()
         let stream = try await listener.signals(matching: DBusMatchRule(interface: "org.example.Last"))
         let sender = try fixture.connect()
@@ -258,9 +258,10 @@ func members(until stream: DBusSignalStream) async -> [String] {
     }
 
     @Test func systemAndSessionBusesHonourTheEnvironment() async throws {
-        let fixture = try BusFixture()
-        // setenv affects the whole test process; the value only matters to .system connections.
-        setenv("DBUS_SYSTEM_BUS_ADDRESS", fixture.address, 1)
+        let fixture = try await BusFixture()
+        // This affects the whole test process; the value only matters to .system connections. (Not `setenv`: it can
+        // crash a concurrent `getenv` on another thread.)
+        try setEnvironmentVariable("DBUS_SYSTEM_BUS_ADDRESS", fixture.address)
         let connection = try DBusConnection(.system)
         let owner = try await connection.nameOwner("org.freedesktop.DBus")
         #expect(owner == "org.freedesktop.DBus")
@@ -268,14 +269,14 @@ func members(until stream: DBusSignalStream) async -> [String] {
             destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
             method: "ListNames")
         #expect(names.first?.arrayElements?.contains(.string(connection.uniqueName)) == true)
-        setenv("DBUS_SESSION_BUS_ADDRESS", fixture.address, 1)
+        try setEnvironmentVariable("DBUS_SESSION_BUS_ADDRESS", fixture.address)
         let session = try DBusConnection(.session)
         try await session.ping(connection.uniqueName)  // libdbus answers Peer.Ping for every connection
         #expect(try await session.nameOwner("org.freedesktop.DBus") == "org.freedesktop.DBus")
     }
 
     @Test func closeIsIdempotentAndFailsLaterCalls() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let connection = try fixture.connect()
         connection.close()
         connection.close()
@@ -289,7 +290,7 @@ func members(until stream: DBusSignalStream) async -> [String] {
     }
 
     @Test func concurrentCallsFromManyTasksAllGetTheirOwnReplies() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let server = try fixture.connect()
         let client = try fixture.connect()
         let objects = DBusObjectServer(connection: server)
@@ -338,7 +339,7 @@ func members(until stream: DBusSignalStream) async -> [String] {
     }
 
     @Test func burstOfPropertyChangesArrivesComplete() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let server = try fixture.connect()
         let client = try fixture.connect()
         let objects = DBusObjectServer(connection: server)

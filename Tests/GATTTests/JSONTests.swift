@@ -17,7 +17,7 @@ import Testing
 
     @Test(arguments: [
         (36.4, "36.4"), (100.0, "100.0"), (1.5e-7, "1.5e-07"), (0.1 + 0.2, "0.30000000000000004"),
-        (-163.835, "-163.835"), (1e22, "1e+22"), (5e-324, "5e-324"), (402653184.1, "402653184.1"),
+        (-163.835, "-163.835"), (1e22, "1e+22"), (Double.leastNonzeroMagnitude, "5e-324"), (402653184.1, "402653184.1"),
     ])
     func doublesAreShortestRoundTrip(value: Double, text: String) throws {
         let json = GATTValue.double(value).jsonString

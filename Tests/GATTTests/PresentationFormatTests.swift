@@ -18,7 +18,7 @@ import Testing
         #expect(try decode(0x07, "010203") == .int(0x030201))
         #expect(try decode(0x08, exponent: 3, "01000000") == .double(1000))
         #expect(try decode(0x09, "010000000080") == .int(0x8000_0000_0001))
-        #expect(try decode(0x0A, "FFFFFFFFFFFFFFFF") == .double(18_446_744_073_709_551_615))
+        #expect(try decode(0x0A, "FFFFFFFFFFFFFFFF") == .double(Double(UInt64.max)))
         #expect(try decode(0x0C, exponent: -1, "F6") == .double(-1.0))
         #expect(try decode(0x0D, "FF0F") == .int(-1))
         #expect(try decode(0x0E, exponent: -2, unit: 0x272F, "3CF6") == .double(-25.0))

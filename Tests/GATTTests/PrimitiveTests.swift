@@ -1,5 +1,6 @@
 // SFLOAT/FLOAT (SPEC.md §2 worked examples and special values), Date Time and its calendar arithmetic, the cursor.
 import GATT
+import TestSupport
 import Testing
 
 @Suite struct PrimitiveTests {
@@ -44,23 +45,31 @@ import Testing
         }
     }
 
-    @Test func floatEncodingRoundTripsSampledRawValues() throws {
-        var raw: UInt32 = 0
-        for _ in 0..<50_000 {
-            raw = raw &* 1_664_525 &+ 1_013_904_223
-            let value = MedicalFloat.decodeFLOAT(raw)
-            let encoded = try MedicalFloat.encodeFLOAT(value, field: "x")
-            let again = MedicalFloat.decodeFLOAT(encoded)
-            // Exact while 10^|exponent| is exact (|exponent| <= 22); beyond, the same decimal may be reached through
-            // another exponent, which can differ in the last bit.
-            if let a = again.numberValue, let b = value.numberValue {
-                #expect(abs(a - b) <= 1e-15 * abs(b), "raw 0x\(String(raw, radix: 16))")
-                let exponent = Int(Int8(truncatingIfNeeded: raw >> 24))
-                if abs(exponent) <= 15 { #expect(a == b, "raw 0x\(String(raw, radix: 16))") }
-            } else {
-                #expect(again == value, "raw 0x\(String(raw, radix: 16))")
+    @Test func floatEncodingRoundTripsSampledRawValues() async throws {
+        // CPU-bound (seconds in debug builds): on a low-priority thread of its own, off the cooperative pool; the
+        // mismatches come back as descriptions.
+        let mismatches = try await cpuBound {
+            var mismatches: [String] = []
+            var raw: UInt32 = 0
+            for _ in 0..<50_000 {
+                raw = raw &* 1_664_525 &+ 1_013_904_223
+                let value = MedicalFloat.decodeFLOAT(raw)
+                let encoded = try MedicalFloat.encodeFLOAT(value, field: "x")
+                let again = MedicalFloat.decodeFLOAT(encoded)
+                let label = "raw 0x\(String(raw, radix: 16)): \(value) -> 0x\(String(encoded, radix: 16)) -> \(again)"
+                // Exact while 10^|exponent| is exact (|exponent| <= 22); beyond, the same decimal may be reached
+                // through another exponent, which can differ in the last bit.
+                if let a = again.numberValue, let b = value.numberValue {
+                    if !(abs(a - b) <= 1e-15 * abs(b)) { mismatches.append("\(label): not within 1e-15") }
+                    let exponent = Int(Int8(truncatingIfNeeded: raw >> 24))
+                    if abs(exponent) <= 15 && a != b { mismatches.append("\(label): not exact") }
+                } else if again != value {
+                    mismatches.append(label)
+                }
             }
+            return mismatches
         }
+        #expect(mismatches.isEmpty, "\(mismatches.count) mismatches: \(mismatches.prefix(20))")
     }
 
     @Test func encodingPicksShortExactForms() throws {

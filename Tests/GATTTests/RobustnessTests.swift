@@ -1,6 +1,9 @@
 // Never trap: every truncated prefix of every vector, and a few hundred thousand random and mutated payloads, go to
 // every registered parser (characteristics, the 0x2904 path, declared parsers and advertisement parsers). Each call
 // must return a reading or throw; a trap would crash the test process.
+//
+// The loops are CPU-bound and take tens of seconds together in debug builds: they run through `cpuBound` (a
+// low-priority thread of their own) so they never hold the cooperative threads the other tests need.
 import GATT
 import TestSupport
 import Testing
@@ -82,17 +85,20 @@ let robustnessTargets: [DecodeTarget] = {
 }()
 
 @Suite struct RobustnessTests {
-    @Test func everyTruncatedPrefixOfEveryVector() throws {
-        var calls = 0
-        for vector in GATTVectors.all {
-            let payload = try #require(bytesFromHex(vector.payloadHex))
-            for length in 0...payload.count {
-                let prefix = Array(payload.prefix(length))
-                for target in robustnessTargets {
-                    _ = target.decode(prefix)
-                    calls += 1
+    @Test func everyTruncatedPrefixOfEveryVector() async throws {
+        let payloads = try GATTVectors.all.map { try #require(bytesFromHex($0.payloadHex), "\($0.id)") }
+        let calls = try await cpuBound {
+            var calls = 0
+            for payload in payloads {
+                for length in 0...payload.count {
+                    let prefix = Array(payload.prefix(length))
+                    for target in robustnessTargets {
+                        _ = target.decode(prefix)
+                        calls += 1
+                    }
                 }
             }
+            return calls
         }
         #expect(calls > 50_000)
     }
@@ -111,7 +117,14 @@ let robustnessTargets: [DecodeTarget] = {
     }
 
     @Test(arguments: 0..<4)
-    func randomPayloads(shard: Int) throws {
+    func randomPayloads(shard: Int) async throws {
+        let (accepted, rejected) = try await cpuBound { Self.randomPayloadOutcomes(shard: shard) }
+        // Both outcomes happen, so the decoders are really being exercised.
+        #expect(accepted > 10_000)
+        #expect(rejected > 10_000)
+    }
+
+    static func randomPayloadOutcomes(shard: Int) -> (accepted: Int, rejected: Int) {
         // 4 shards × 20,000 payloads, each fed to every target: two thirds random, one third mutations of real
         // vectors (flip, insert, delete, truncate), so the decoders get past their first checks. (Debug builds decode
         // at a few µs per call; bench/fuzz.sh runs millions more through libFuzzer in release.)
@@ -144,14 +157,17 @@ let robustnessTargets: [DecodeTarget] = {
                 if target.decode(payload) { accepted += 1 } else { rejected += 1 }
             }
         }
-        // Both outcomes happen, so the decoders are really being exercised.
-        #expect(accepted > 10_000)
-        #expect(rejected > 10_000)
+        return (accepted, rejected)
     }
 
     /// 300,000 more random payloads through the registry, each to one registered characteristic or advertisement
     /// source picked at random (so the lookup and error-wrapping paths are fuzzed too).
-    @Test func randomPayloadsThroughTheRegistry() throws {
+    @Test func randomPayloadsThroughTheRegistry() async throws {
+        let outcomes = try await cpuBound { Self.registryOutcomes() }
+        #expect(outcomes[0] > 1000 && outcomes[1] > 1000)
+    }
+
+    static func registryOutcomes() -> [Int] {
         var rng = SplitMix64(state: 0xFEED)
         let uuids = sharedRegistry.characteristicParsers.flatMap(\.uuids) + [vendorUUID]
         let sources = BuiltInAdvertisementParsers.all.flatMap(\.sources) + [.manufacturer(0xFFFF)]
@@ -171,6 +187,6 @@ let robustnessTargets: [DecodeTarget] = {
                         == nil ? 0 : 1] += 1
             }
         }
-        #expect(outcomes[0] > 1000 && outcomes[1] > 1000)
+        return outcomes
     }
 }

@@ -8,7 +8,7 @@ import Testing
 @Suite struct BrokerTests {
     @Test(arguments: [MQTTProtocolVersion.v311, .v5])
     func roundTripAtEachQoS(version: MQTTProtocolVersion) async throws {
-        let broker = try MosquittoBroker()
+        let broker = try await MosquittoBroker.start()
         let subscriber = try await connectedClient(configuration(broker, version: version))
         let publisher = try await connectedClient(configuration(broker, version: version))
         let messages = subscriber.messages(matching: "rt/#")
@@ -30,7 +30,7 @@ import Testing
     }
 
     @Test func subscriptionGrantsAndFiltersStreams() async throws {
-        let broker = try MosquittoBroker()
+        let broker = try await MosquittoBroker.start()
         let client = try await connectedClient(configuration(broker))
         let all = client.messages()
         let onlyB = client.messages(matching: "x/b/+")
@@ -50,7 +50,7 @@ import Testing
     }
 
     @Test func retainedMessageReachesLaterSubscribers() async throws {
-        let broker = try MosquittoBroker()
+        let broker = try await MosquittoBroker.start()
         let publisher = try await connectedClient(configuration(broker))
         try await publisher.publish(to: "home/status", payload: Array("online".utf8), qos: .atLeastOnce, retain: true)
         let late = try await connectedClient(configuration(broker))
@@ -67,14 +67,14 @@ import Testing
     }
 
     @Test func willIsPublishedWhenTheClientDies() async throws {
-        let broker = try MosquittoBroker()
+        let broker = try await MosquittoBroker.start()
         let watcher = try await connectedClient(configuration(broker))
         let messages = watcher.messages()
         try await watcher.subscribe(to: "will/#")
         let child = try ChildProcess(
             executable: Fixtures.executable("bench-mqtt"),
             arguments: ["will-child", "--port", "\(broker.port)", "--topic", "will/child"])
-        try child.waitForOutput(timeout: 10) { $0.contains("connected") }
+        try await child.waitForOutput(timeout: 10) { $0.contains("connected") }
         child.signal(SIGKILL)
         let will = try #require(try await messages.first(1).first)
         #expect(will.topic == "will/child")
@@ -84,7 +84,7 @@ import Testing
     }
 
     @Test func cleanDisconnectDoesNotPublishTheWill() async throws {
-        let broker = try MosquittoBroker()
+        let broker = try await MosquittoBroker.start()
         let watcher = try await connectedClient(configuration(broker))
         let messages = watcher.messages()
         try await watcher.subscribe(to: "will/#")
@@ -103,19 +103,19 @@ import Testing
     @Test func persistentSessionResumesAndForgetsOfflineUnsubscribes() async throws {
         let state = try TemporaryDirectory(prefix: "blebridge-mqtt-db")
         try FileManager.default.setAttributes([.posixPermissions: 0o777], ofItemAtPath: state.url.path)
-        let broker = try MosquittoBroker(extraConfig: Self.persistence(state))
+        let broker = try await MosquittoBroker.start(extraConfig: Self.persistence(state))
         var settings = configuration(broker, version: .v311, clientID: "persistent-311")
         settings.cleanSession = false
         let client = try await connectedClient(settings)
         let messages = client.messages()
         try await client.subscribe(to: "keep/#", qos: .atLeastOnce)
         try await client.subscribe(to: "drop/#", qos: .atLeastOnce)
-        broker.stop()
+        await broker.stop()
         try await client.waitForState("lost the broker") {
             if case .waitingToReconnect = $0 { return true } else { return false }
         }
         try await client.unsubscribe(from: "drop/#")  // offline: remembered, sent once the session is back
-        try broker.restart()
+        try await broker.restart()
         try await client.waitForState("back with its session") { $0 == .connected(sessionPresent: true) }
         let publisher = try await connectedClient(configuration(broker))
         try await publisher.publish(to: "drop/x", payload: [1], qos: .atLeastOnce)
@@ -129,7 +129,7 @@ import Testing
     @Test func mqtt5PersistentSessionSurvivesRepeatedConnectionLoss() async throws {
         // The session expiry goes with every CONNECT, reconnects included: were it missing (0) on the first
         // reconnect, the broker would end the session at the second loss and report it absent.
-        let broker = try MosquittoBroker()
+        let broker = try await MosquittoBroker.start()
         var settings = configuration(broker, clientID: "persistent-v5")
         settings.cleanSession = false
         settings.sessionExpiry = .seconds(600)
@@ -157,7 +157,7 @@ import Testing
     }
 
     @Test func runUntilCancelledThenDisconnectsCleanly() async throws {
-        let broker = try MosquittoBroker()
+        let broker = try await MosquittoBroker.start()
         let watcher = try await connectedClient(configuration(broker))
         let messages = watcher.messages()
         try await watcher.subscribe(to: "run/#")
@@ -182,7 +182,7 @@ import Testing
         // session, which the restart loses, so it must resubscribe by itself.
         let state = try TemporaryDirectory(prefix: "blebridge-mqtt-db")
         try FileManager.default.setAttributes([.posixPermissions: 0o777], ofItemAtPath: state.url.path)
-        let broker = try MosquittoBroker(extraConfig: Self.persistence(state))
+        let broker = try await MosquittoBroker.start(extraConfig: Self.persistence(state))
         var cleanSettings = configuration(broker)
         cleanSettings.reconnect = MQTTReconnectPolicy(initialDelay: .milliseconds(20), maximumDelay: .milliseconds(100))
         let clean = try await connectedClient(cleanSettings)
@@ -196,7 +196,7 @@ import Testing
         let publisher = try await connectedClient(configuration(broker))
         let publisherStates = publisher.connectionStates()
 
-        broker.stop()
+        await broker.stop()
         try await publisher.waitForState("publisher lost the broker") {
             if case .waitingToReconnect = $0 { return true } else { return false }
         }
@@ -206,7 +206,7 @@ import Testing
         }
         #expect(publisher.statistics.queued == 50)
         #expect(deliveries.allSatisfy { !$0.isFinished })
-        try broker.restart()
+        try await broker.restart()
         for delivery in deliveries { try await within(10, "acknowledgement") { try await delivery.acknowledged() } }
         let received = try await persistentMessages.first(50)
         #expect(received.map(\.payloadString) == (0..<50).map { "\($0)" })
@@ -240,9 +240,8 @@ import Testing
         await clean.disconnect()
     }
 
-    /// Broker settings that keep sessions across a restart. Saved after every change: the harness's SIGTERM does
-    /// not reach the broker (children inherit the test runner's blocked signal mask), so it ends with SIGKILL and
-    /// never gets to save on exit.
+    /// Broker settings that keep sessions across a restart. Saved after every change, so what is on disk does not
+    /// depend on how the broker ends (SIGTERM, or SIGKILL once the harness's grace period is over).
     static func persistence(_ directory: TemporaryDirectory) -> String {
         """
         persistence true
@@ -279,7 +278,7 @@ import Testing
     }
 
     @Test func inflightMessagesSurviveABrokenConnection() async throws {
-        let broker = try MosquittoBroker()
+        let broker = try await MosquittoBroker.start()
         let subscriber = try await connectedClient(configuration(broker))
         let messages = subscriber.messages()
         try await subscriber.subscribe(to: "burst", qos: .atLeastOnce)
@@ -329,11 +328,11 @@ import Testing
             broker: MQTTBrokerURL(host: "127.0.0.1", port: port), clientID: "queue-subscriber", cleanSession: false)
         subscriberSettings.reconnect = MQTTReconnectPolicy(initialDelay: .milliseconds(50))
         do {
-            let first = try MosquittoBroker(extraConfig: persistence, port: port)
+            let first = try await MosquittoBroker.start(extraConfig: persistence, port: port)
             let subscriber = try await connectedClient(subscriberSettings)
             try await subscriber.subscribe(to: "q/#", qos: .exactlyOnce)
             await subscriber.disconnect()
-            first.stop()
+            await first.stop()
         }
 
         var settings = MQTTConfiguration(broker: MQTTBrokerURL(host: "127.0.0.1", port: port))
@@ -362,7 +361,7 @@ import Testing
         #expect(stats.droppedQoS0 == 2 && stats.droppedQoS1Or2 == 1 && stats.queued == 4)
 
         // The broker comes back with the subscriber's session; the survivors go out in order.
-        let broker = try MosquittoBroker(extraConfig: persistence, port: port)
+        let broker = try await MosquittoBroker.start(extraConfig: persistence, port: port)
         for delivery in [c1, e1, f1, g2] { try await within(10, "ack") { try await delivery.acknowledged() } }
         stats = client.statistics
         #expect(stats.queued == 0 && stats.acknowledged == 4)

@@ -6,11 +6,11 @@ import Testing
 
 @Suite struct TLSTests {
     /// A broker with a TLS listener using `certificates`; `requireClientCertificate` turns on mutual TLS.
-    static func tlsBroker(_ certificates: TestCertificates, requireClientCertificate: Bool = false) throws
+    static func tlsBroker(_ certificates: TestCertificates, requireClientCertificate: Bool = false) async throws
         -> MosquittoBroker
     {
         let port = try freeLoopbackPort()
-        return try MosquittoBroker(
+        return try await MosquittoBroker.start(
             extraConfig: """
                 listener \(port) 127.0.0.1
                 allow_anonymous true
@@ -27,8 +27,8 @@ import Testing
     }
 
     @Test func verifiedConnectionRoundTrip() async throws {
-        let certificates = try TestCertificates(serverNames: ["IP:127.0.0.1", "DNS:localhost"])
-        let broker = try Self.tlsBroker(certificates)
+        let certificates = try await TestCertificates(serverNames: ["IP:127.0.0.1", "DNS:localhost"])
+        let broker = try await Self.tlsBroker(certificates)
         let client = try await connectedClient(
             Self.tlsSettings(broker, MQTTTLSConfiguration(caFile: certificates.caCertificate)))
         let messages = client.messages()
@@ -39,8 +39,8 @@ import Testing
     }
 
     @Test func hostnameMismatchFailsUnlessVerificationIsOff() async throws {
-        let certificates = try TestCertificates(serverNames: ["DNS:broker.example"])
-        let broker = try Self.tlsBroker(certificates)
+        let certificates = try await TestCertificates(serverNames: ["DNS:broker.example"])
+        let broker = try await Self.tlsBroker(certificates)
         let strict = try MQTTClient(
             configuration: Self.tlsSettings(broker, MQTTTLSConfiguration(caFile: certificates.caCertificate)))
         await #expect {
@@ -60,9 +60,9 @@ import Testing
     }
 
     @Test func unknownCAIsRejected() async throws {
-        let certificates = try TestCertificates(serverNames: ["IP:127.0.0.1"])
-        let other = try TestCertificates(serverNames: ["IP:127.0.0.1"])
-        let broker = try Self.tlsBroker(certificates)
+        let certificates = try await TestCertificates(serverNames: ["IP:127.0.0.1"])
+        let other = try await TestCertificates(serverNames: ["IP:127.0.0.1"])
+        let broker = try await Self.tlsBroker(certificates)
         let client = try MQTTClient(
             configuration: Self.tlsSettings(broker, MQTTTLSConfiguration(caFile: other.caCertificate)))
         await #expect(throws: MQTTError.self) {
@@ -71,8 +71,8 @@ import Testing
     }
 
     @Test func clientCertificateWhenTheBrokerRequiresOne() async throws {
-        let certificates = try TestCertificates(serverNames: ["IP:127.0.0.1"])
-        let broker = try Self.tlsBroker(certificates, requireClientCertificate: true)
+        let certificates = try await TestCertificates(serverNames: ["IP:127.0.0.1"])
+        let broker = try await Self.tlsBroker(certificates, requireClientCertificate: true)
         let withCertificate = try await connectedClient(
             Self.tlsSettings(
                 broker,
@@ -102,10 +102,10 @@ import Testing
 }
 
 @Suite struct AuthenticationTests {
-    static func authBroker(_ directory: TemporaryDirectory) throws -> MosquittoBroker {
-        let passwords = try makeMosquittoPasswordFile(in: directory, user: "bridge", password: "s3cret pass")
+    static func authBroker(_ directory: TemporaryDirectory) async throws -> MosquittoBroker {
+        let passwords = try await makeMosquittoPasswordFile(in: directory, user: "bridge", password: "s3cret pass")
         let port = try freeLoopbackPort()
-        return try MosquittoBroker(
+        return try await MosquittoBroker.start(
             extraConfig: """
                 listener \(port) 127.0.0.1
                 allow_anonymous false
@@ -117,7 +117,7 @@ import Testing
     @Test(arguments: [MQTTProtocolVersion.v311, .v5])
     func passwordAcceptedFromConfigAndFile(version: MQTTProtocolVersion) async throws {
         let directory = try TemporaryDirectory(prefix: "blebridge-auth")
-        let broker = try Self.authBroker(directory)
+        let broker = try await Self.authBroker(directory)
         var settings = configuration(broker, version: version)
         settings.credentials = MQTTCredentials(username: "bridge", password: .literal("s3cret pass"))
         let literal = try await connectedClient(settings)
@@ -138,7 +138,7 @@ import Testing
     ])
     func wrongPasswordIsRefused(version: MQTTProtocolVersion, expected: MQTTReasonCode) async throws {
         let directory = try TemporaryDirectory(prefix: "blebridge-auth")
-        let broker = try Self.authBroker(directory)
+        let broker = try await Self.authBroker(directory)
         var settings = configuration(broker, version: version)
         settings.credentials = MQTTCredentials(username: "bridge", password: .literal("wrong"))
         let client = try MQTTClient(configuration: settings)
@@ -169,7 +169,7 @@ import Testing
 
 @Suite struct MQTT5Tests {
     @Test func requestResponseWithProperties() async throws {
-        let broker = try MosquittoBroker()
+        let broker = try await MosquittoBroker.start()
         let requester = try await connectedClient(configuration(broker))
         let responder = try await connectedClient(configuration(broker))
         let requests = responder.messages()
@@ -207,7 +207,7 @@ import Testing
     }
 
     @Test func propertiesUnderMQTT311AreRejected() async throws {
-        let broker = try MosquittoBroker()
+        let broker = try await MosquittoBroker.start()
         let client = try await connectedClient(configuration(broker, version: .v311))
         await #expect {
             try await client.publish(
@@ -223,7 +223,7 @@ import Testing
         let directory = try TemporaryDirectory(prefix: "blebridge-acl")
         let acl = directory.url.appendingPathComponent("acl")
         try "topic read #\n".write(to: acl, atomically: true, encoding: .utf8)
-        let broker = try MosquittoBroker(extraConfig: "acl_file \(acl.path)\n")
+        let broker = try await MosquittoBroker.start(extraConfig: "acl_file \(acl.path)\n")
         let client = try await connectedClient(configuration(broker))
         await #expect {
             try await client.publish(to: "forbidden/topic", payload: [1], qos: .atLeastOnce)
@@ -245,7 +245,7 @@ import Testing
     static let largestPayload = limit - 11
 
     @Test func payloadAtTheBrokerMaximumAndOneOver() async throws {
-        let broker = try MosquittoBroker(extraConfig: "max_packet_size \(Self.limit)\n")
+        let broker = try await MosquittoBroker.start(extraConfig: "max_packet_size \(Self.limit)\n")
         let client = try await connectedClient(configuration(broker))
         let messages = client.messages()
         try await client.subscribe(to: "big", qos: .atLeastOnce)
@@ -278,7 +278,7 @@ import Testing
     @Test func mqtt311OversizeIsDroppedByTheBroker() async throws {
         // Documented mosquitto behaviour: with message_size_limit, a 3.1.1 client's oversized PUBLISH is
         // acknowledged and silently dropped (MQTT 3.1.1 has no way to say no).
-        let broker = try MosquittoBroker(extraConfig: "message_size_limit 500\n")
+        let broker = try await MosquittoBroker.start(extraConfig: "message_size_limit 500\n")
         let client = try await connectedClient(configuration(broker, version: .v311))
         let messages = client.messages()
         try await client.subscribe(to: "big", qos: .atLeastOnce)

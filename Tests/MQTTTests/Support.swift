@@ -2,28 +2,6 @@ import Foundation
 import MQTT
 import TestSupport
 
-struct TimeoutError: Error, CustomStringConvertible {
-    let description: String
-}
-
-/// Runs `body`, failing with a `TimeoutError` naming `what` after `seconds`.
-func within<T: Sendable>(
-    _ seconds: Double, _ what: String, _ body: @escaping @Sendable () async throws -> T
-) async throws -> T {
-    try await withThrowingTaskGroup(of: T?.self) { group in
-        group.addTask { try await body() }
-        group.addTask {
-            try await Task.sleep(for: .seconds(seconds))
-            return nil
-        }
-        defer { group.cancelAll() }
-        guard let first = try await group.next(), let value = first else {
-            throw TimeoutError(description: "timed out after \(seconds) s: \(what)")
-        }
-        return value
-    }
-}
-
 /// A configuration for a broker started by the harness.
 func configuration(
     _ broker: MosquittoBroker, version: MQTTProtocolVersion = .v5, clientID: String? = nil
@@ -64,20 +42,9 @@ extension MQTTClient {
         let states = connectionStates()
         _ = try await within(timeout, "connection state: \(what)") {
             for await state in states where predicate(state) { return true }
-            throw TimeoutError(description: "state stream ended before: \(what)")
+            throw TimeoutError("state stream ended before: \(what)")
         }
     }
-}
-
-/// Runs a command and throws if it fails.
-@discardableResult
-func run(_ program: String, _ arguments: [String]) throws -> String {
-    guard let url = which(program) else { throw HarnessError("\(program) not found") }
-    let result = try runCommand(url, arguments)
-    guard result.status == 0 else {
-        throw HarnessError("\(program) \(arguments.joined(separator: " ")) failed: \(result.stderr)")
-    }
-    return result.stdout
 }
 
 /// A TCP peer on a free loopback port that accepts one connection, reads once, writes its scripted replies and
@@ -94,15 +61,7 @@ final class ScriptedPeer: @unchecked Sendable {
         self.listener = listener
         var reuse: Int32 = 1
         setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &reuse, socklen_t(MemoryLayout<Int32>.size))
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = port.bigEndian
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-            }
-        }
+        let bound = withLoopbackAddress(port: port) { address, length in bind(listener, address, length) }.result
         guard bound == 0, listen(listener, 1) == 0 else { throw HarnessError("scripted peer: bind/listen failed") }
         Thread.detachNewThread { [self] in
             let fd = accept(listener, nil, nil)

@@ -58,17 +58,6 @@ final class SignalRecorder: Sendable {
     }
 }
 
-/// Polls `condition` every 10 ms until it holds or `seconds` pass; returns whether it held.
-@discardableResult
-func eventually(_ seconds: Double = 5, _ condition: () async throws -> Bool) async throws -> Bool {
-    let deadline = Date().addingTimeInterval(seconds)
-    while Date() < deadline {
-        if try await condition() { return true }
-        try await Task.sleep(for: .milliseconds(10))
-    }
-    return try await condition()
-}
-
 let hr = "A0:9E:1A:4F:2C:11"
 let hrPath: DBusObjectPath = "/org/bluez/hci0/dev_A0_9E_1A_4F_2C_11"
 let echo = "F1:E2:D3:C4:B5:A6"
@@ -118,30 +107,25 @@ struct Client {
     /// Scans until `path` exists.
     func discover(_ path: DBusObjectPath) async throws {
         try await call("/org/bluez/hci0", "org.bluez.Adapter1", "StartDiscovery")
-        try await eventually(3) { await property(path, "org.bluez.Device1", "Address") != nil }
+        try await waitUntil(timeout: 3) { await property(path, "org.bluez.Device1", "Address") != nil }
         #expect(await property(path, "org.bluez.Device1", "Address") != nil)
     }
 
     func waitResolved(_ path: DBusObjectPath) async throws {
-        try await eventually(3) { await property(path, "org.bluez.Device1", "ServicesResolved")?.bool == true }
+        try await waitUntil(timeout: 3) { await property(path, "org.bluez.Device1", "ServicesResolved")?.bool == true }
     }
-}
-
-/// Starts a fixture without blocking the cooperative pool (see `SimulatorFixture.start`).
-func startFixture(scenario: String) async throws -> SimulatorFixture {
-    try await SimulatorFixture.start(scenario: scenario)
 }
 
 func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
     var text = try String(contentsOf: Fixtures.config("demo-scenario.yaml"), encoding: .utf8)
     if !extra.isEmpty { text = text.replacingOccurrences(of: "temporary_timeout: 30", with: extra) }
-    return try await startFixture(scenario: text)
+    return try await SimulatorFixture.start(scenario: text)
 }
 
 @Suite(.serialized) struct SimulatorBusTests {
     @Test func exportsTheAdapterAndManagersLikeBlueZ() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         let paths = try await c.managedPaths()
         #expect(paths == ["/org/bluez", "/org/bluez/hci0"])
@@ -157,7 +141,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func discoveryStopRemovesNonConnectableAndInvalidatesRSSI() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         let rec = try await SignalRecorder(c.connection)
         try await c.discover(hrPath)
@@ -181,19 +165,19 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func temporaryDevicesExpire() async throws {
         let sim = try await demoFixture("temporary_timeout: 1.5")
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         try await c.discover(hrPath)
         try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StopDiscovery")
         #expect(try await c.managedPaths().contains(hrPath.rawValue))
         let stopped = Date()
-        #expect(try await eventually(5) { !(try await c.managedPaths().contains(hrPath.rawValue)) })
+        #expect(try await waitUntil(timeout: 5) { !(try await c.managedPaths().contains(hrPath.rawValue)) })
         #expect(Date().timeIntervalSince(stopped) > 1.0)  // not before TemporaryTimeout
     }
 
     @Test func connectAndDisconnectSignalOrder() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         try await c.discover(hrPath)
         try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StopDiscovery")
@@ -247,7 +231,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func notifySessionsArePerSenderAndDroppedWhenTheSenderLeaves() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let a = try Client(sim)
         let b = try Client(sim)
         try await a.discover(hrPath)
@@ -268,13 +252,13 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
                 == DBusError(name: "org.bluez.Error.Failed", message: "No notify session started"))
         #expect(await a.property(char, iface, "Notifying")?.bool == true)
         b.connection.close()
-        try await eventually(2) { await a.property(char, iface, "Notifying")?.bool == false }
+        try await waitUntil(timeout: 2) { await a.property(char, iface, "Notifying")?.bool == false }
         #expect(await a.property(char, iface, "Notifying")?.bool == false)
     }
 
     @Test func acquireWriteCarriesDatagramsAndLocksWriteValue() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         try await c.discover(echoPath)
         try await c.call(echoPath, "org.bluez.Device1", "Connect")
@@ -310,13 +294,13 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
                 ]),
             ])
         close(fd)
-        try await eventually(2) { await c.property(rx, iface, "WriteAcquired")?.bool == false }
+        try await waitUntil(timeout: 2) { await c.property(rx, iface, "WriteAcquired")?.bool == false }
         #expect(await c.property(rx, iface, "WriteAcquired")?.bool == false)
     }
 
     @Test func injectedFaults() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         try await c.discover(hrPath)
         try await c.control("InjectFault", [.string(hr), .string("in-progress"), .string("{}")])
@@ -351,7 +335,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
         }
         let callsBefore = try await connectCalls() ?? 0
         async let pending = c.error(hrPath, "org.bluez.Device1", "Connect", timeout: .seconds(10))
-        try await eventually(5) { try await connectCalls() != callsBefore }  // until the simulator holds the Connect
+        try await waitUntil(timeout: 5) { try await connectCalls() != callsBefore }  // until the simulator holds the Connect
         try await c.call(hrPath, "org.bluez.Device1", "Disconnect")
         let canceled = await pending
         #expect(canceled == DBusError(name: "org.bluez.Error.Failed", message: "br-connection-canceled"))
@@ -373,7 +357,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func servicesResolvedBeforeObjectsFault() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         try await c.discover(hrPath)
         try await c.control("InjectFault", [.string(hr), .string("services-resolved-early"), .string("{}")])
@@ -390,7 +374,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func controlChangesTheWorld() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         let rec = try await SignalRecorder(c.connection)
         let path = try await c.control(
@@ -425,7 +409,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func pushedAndGeneratedNotifications() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         try await c.discover(hrPath)
         try await c.call(hrPath, "org.bluez.Device1", "Connect")
@@ -447,7 +431,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func restartDaemonDropsEverythingAndComesBack() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         let owners = try await c.connection.nameOwnerChanges("org.bluez")
         try await c.discover(hrPath)
@@ -460,18 +444,18 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
         #expect(seen[0] != nil)
         #expect(seen[1] == nil)
         #expect(seen[2] != nil && seen[2] != seen[0])
-        try sim.waitForBlueZ()
+        try await sim.waitForBlueZ()
         #expect(try await c.managedPaths() == ["/org/bluez", "/org/bluez/hci0"])
         #expect(try await c.control("GetCounters").first?.stringVariantDictionary?["restarts"]?.int64 == 1)
     }
 
     @Test func harnessControlViaDBusSend() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
-        let out = try sim.control("GetCounters")
+        defer { sim.stopInBackground() }
+        let out = try await sim.control("GetCounters")
         #expect(out.contains("devices_exported"))
-        #expect(throws: HarnessError.self) {
-            try sim.control("InjectFault", ["string:\(hr)", "string:nope", "string:{}"])
+        await #expect(throws: HarnessError.self) {
+            try await sim.control("InjectFault", ["string:\(hr)", "string:nope", "string:{}"])
         }
     }
 }
@@ -479,7 +463,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 @Suite(.serialized) struct SimulatorBusEdgeTests {
     @Test func withoutGATTCacheTheObjectsGoAwayOnDisconnect() async throws {
         let sim = try await demoFixture("temporary_timeout: 30\n  gatt_cache: false")
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         try await c.discover(hrPath)
         try await c.call(hrPath, "org.bluez.Device1", "Connect")
@@ -495,14 +479,14 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
     }
 
     @Test func duplicateDataResignalsEveryAdvertisement() async throws {
-        let sim = try await startFixture(
+        let sim = try await SimulatorFixture.start(
             scenario: """
                 peripherals:
                   - address: "C0:FF:EE:00:00:01"
                     advertising_interval: 0.05
                     manufacturer_data: [{company: 0x004C, value: "02 15"}]
                 """)
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         let device: DBusObjectPath = "/org/bluez/hci0/dev_C0_FF_EE_00_00_01"
         let rec = try await SignalRecorder(c.connection)
@@ -524,7 +508,7 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
 
     @Test func rssiFilterKeepsWeakDevicesOut() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         try await c.call(
             "/org/bluez/hci0", "org.bluez.Adapter1", "SetDiscoveryFilter",
@@ -539,13 +523,13 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
     }
 
     @Test func optionalPropertiesAreAbsentAndRemoveDeviceDisconnectsFirst() async throws {
-        let sim = try await startFixture(
+        let sim = try await SimulatorFixture.start(
             scenario: """
                 peripherals:
                   - address: "C0:FF:EE:00:00:02"
                     gatt: [{uuid: "180F", characteristics: [{uuid: "2A19", flags: [read], value: "64"}]}]
                 """)
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         let device: DBusObjectPath = "/org/bluez/hci0/dev_C0_FF_EE_00_00_02"
         try await c.discover(device)
@@ -575,13 +559,13 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
     }
 
     @Test func pairedDevicesExistAtStartWithoutRSSI() async throws {
-        let sim = try await startFixture(
+        let sim = try await SimulatorFixture.start(
             scenario: """
                 peripherals:
                   - {address: "C0:FF:EE:00:00:03", name: Known, paired: true, tx_power: 4}
                   - {address: "C0:FF:EE:00:00:04", name: Stranger}
                 """)
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         let known: DBusObjectPath = "/org/bluez/hci0/dev_C0_FF_EE_00_00_03"
         #expect(try await c.managedPaths() == ["/org/bluez", "/org/bluez/hci0", known.rawValue])
@@ -589,14 +573,14 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
         #expect(await c.property(known, "org.bluez.Device1", "Name") == .string("Known"))
         #expect(await c.property(known, "org.bluez.Device1", "RSSI") == nil)
         try await c.discover(known)
-        try await eventually(2) { await c.property(known, "org.bluez.Device1", "RSSI") != nil }
+        try await waitUntil(timeout: 2) { await c.property(known, "org.bluez.Device1", "RSSI") != nil }
         #expect(await c.property(known, "org.bluez.Device1", "RSSI") == .int16(-60))
         #expect(await c.property(known, "org.bluez.Device1", "TxPower") == .int16(4))
     }
 
     @Test func hostileCallsNeverCrashTheSimulator() async throws {
         let sim = try await demoFixture()
-        defer { sim.stop() }
+        defer { sim.stopInBackground() }
         let c = try Client(sim)
         try await c.discover(hrPath)
         try await c.call(hrPath, "org.bluez.Device1", "Connect")
