@@ -5,7 +5,7 @@ import Testing
 
 @Suite struct AuditCallContextTests {
     @Test func callOnClosedConnectionNamesTheCall() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let connection = try fixture.connect()
         connection.close()
         do {
@@ -20,7 +20,7 @@ import Testing
     }
 
     @Test func peerErrorRepliesKeepTheirMessage() async throws {
-        let fixture = try BusFixture()
+        let fixture = try await BusFixture()
         let connection = try fixture.connect()
         defer { connection.close() }
         do {
