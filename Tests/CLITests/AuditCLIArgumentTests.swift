@@ -17,15 +17,15 @@ import Testing
         ["read", "AA:BB:CC:DD:EE:FF", "2A19", "--scan-timeout", "1e19"],
         ["write", "AA:BB:CC:DD:EE:FF", "2A06", "01", "--timeout", "9e18"],
     ])
-    func hugeDurationsAreUsageErrors(_ arguments: [String]) throws {
-        let result = try runCommand(
+    func hugeDurationsAreUsageErrors(_ arguments: [String]) async throws {
+        let result = try await runCommand(
             Fixtures.executable("blebridge"), arguments, environment: noBus, timeout: 30)
         #expect(result.status == 64, "exit \(result.status), stderr: \(result.stderr)")
         #expect(result.stderr.contains("is not a number of seconds between 0 and 31536000"), "\(result.stderr)")
     }
 
-    @Test func fullwidthHexIsNotAnAddress() throws {
-        let result = try runCommand(
+    @Test func fullwidthHexIsNotAnAddress() async throws {
+        let result = try await runCommand(
             Fixtures.executable("blebridge"), ["read", "\u{FF21}A:BB:CC:DD:EE:FF", "2A19"], environment: noBus,
             timeout: 30)
         #expect(result.status == 64, "exit \(result.status), stderr: \(result.stderr)")
