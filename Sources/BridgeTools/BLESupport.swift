@@ -206,9 +206,7 @@ struct BLESession {
             if let found {
                 if let current = client.device(atPath: found.path) { return current }
                 // BlueZ removes temporary devices that are not connectable as soon as scanning stops.
-                throw BLEFailure(
-                    "device \(found.label): BlueZ dropped it when scanning stopped, so it is not connectable "
-                        + "(it only broadcasts; 'blebridge scan' shows its advertisements)", code: ExitCode.unavailable)
+                throw droppedAfterScan(found)
             }
         } catch {
             throw BLEFailure(error)
@@ -233,7 +231,12 @@ struct BLESession {
         do {
             return try await client.connect(device, options: options)
         } catch {
-            guard case .deviceNotFound = error, known != nil else { throw BLEFailure(error) }
+            guard case .deviceNotFound = error else { throw BLEFailure(error) }
+            if known == nil {
+                // This scan just saw it, and BlueZ has removed it since: BlueZ drops temporary devices that are not
+                // connectable when scanning stops (our mirror may apply that removal a moment after the stop).
+                throw droppedAfterScan(device)
+            }
         }
         let fresh = try await scan(for: address, args: args)
         do {
@@ -242,6 +245,13 @@ struct BLESession {
             throw BLEFailure(error)
         }
     }
+}
+
+/// The failure for a device a scan saw that BlueZ dropped when the scan stopped (it is not connectable).
+func droppedAfterScan(_ device: BlueZDevice) -> BLEFailure {
+    BLEFailure(
+        "device \(device.label): BlueZ dropped it when scanning stopped, so it is not connectable "
+            + "(it only broadcasts; 'blebridge scan' shows its advertisements)", code: ExitCode.unavailable)
 }
 
 func formatSeconds(_ value: Double) -> String {
