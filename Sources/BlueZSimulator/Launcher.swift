@@ -119,8 +119,21 @@ public final class SpawnedBus: @unchecked Sendable {
         let args = [daemonPath, "--config-file=\(configPath)", "--nofork", "--nopidfile", "--print-address=1"]
         var cArgs: [UnsafeMutablePointer<CChar>?] = args.map { strdup($0) } + [nil]
         defer { for p in cArgs { free(p) } }
+        // The daemon starts with default signal dispositions and nothing blocked, whatever this process ignores or
+        // blocks (bluez-sim ignores SIGTERM/SIGINT to receive them through dispatch sources): so SIGTERM stops it.
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var noSignals = sigset_t()
+        sigemptyset(&noSignals)
+        var defaulted = sigset_t()
+        sigemptyset(&defaulted)
+        for sig in [SIGTERM, SIGINT, SIGHUP, SIGPIPE] { sigaddset(&defaulted, sig) }
+        posix_spawnattr_setsigmask(&attributes, &noSignals)
+        posix_spawnattr_setsigdefault(&attributes, &defaulted)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
         var child: pid_t = 0
-        let rc = posix_spawn(&child, daemonPath, &actions, nil, &cArgs, environ)
+        let rc = posix_spawn(&child, daemonPath, &actions, &attributes, &cArgs, environ)
         close(pipeFDs[1])
         guard rc == 0 else {
             close(pipeFDs[0])
