@@ -335,7 +335,8 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
         }
         let callsBefore = try await connectCalls() ?? 0
         async let pending = c.error(hrPath, "org.bluez.Device1", "Connect", timeout: .seconds(10))
-        try await waitUntil(timeout: 5) { try await connectCalls() != callsBefore }  // until the simulator holds the Connect
+        // Until the simulator holds the Connect.
+        try await waitUntil(timeout: 5) { try await connectCalls() != callsBefore }
         try await c.call(hrPath, "org.bluez.Device1", "Disconnect")
         let canceled = await pending
         #expect(canceled == DBusError(name: "org.bluez.Error.Failed", message: "br-connection-canceled"))

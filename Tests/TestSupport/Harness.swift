@@ -329,7 +329,10 @@ public final class ChildProcess: @unchecked Sendable {
     @discardableResult
     public func waitForOutput(timeout: TimeInterval = 10, _ condition: (String) -> Bool) throws -> String {
         var output: String?
-        try waitUntilBlocking(timeout: timeout) { output = try outputCheck(condition); return output != nil }
+        try waitUntilBlocking(timeout: timeout) {
+            output = try outputCheck(condition)
+            return output != nil
+        }
         guard let output else { throw outputTimeout(timeout) }
         return output
     }
@@ -338,7 +341,10 @@ public final class ChildProcess: @unchecked Sendable {
     @discardableResult
     public func waitForOutput(timeout: TimeInterval = 10, _ condition: (String) -> Bool) async throws -> String {
         var output: String?
-        try await waitUntil(timeout: timeout) { output = try outputCheck(condition); return output != nil }
+        try await waitUntil(timeout: timeout) {
+            output = try outputCheck(condition)
+            return output != nil
+        }
         guard let output else { throw outputTimeout(timeout) }
         return output
     }

@@ -152,7 +152,8 @@ public final class SimulatorFixture: @unchecked Sendable {
     public func dbusSend(_ args: [String], timeout: TimeInterval = 20) throws -> (
         status: Int32, stdout: String, stderr: String
     ) {
-        try runCommand(try Self.dbusSendTool(), Self.dbusSendArguments(args, timeout), environment: environment,
+        try runCommand(
+            try Self.dbusSendTool(), Self.dbusSendArguments(args, timeout), environment: environment,
             timeout: timeout + 5)
     }
 
@@ -160,12 +161,15 @@ public final class SimulatorFixture: @unchecked Sendable {
     public func dbusSend(_ args: [String], timeout: TimeInterval = 20) async throws -> (
         status: Int32, stdout: String, stderr: String
     ) {
-        try await runCommand(try Self.dbusSendTool(), Self.dbusSendArguments(args, timeout), environment: environment,
+        try await runCommand(
+            try Self.dbusSendTool(), Self.dbusSendArguments(args, timeout), environment: environment,
             timeout: timeout + 5)
     }
 
     private static func dbusSendTool() throws -> URL {
-        guard let tool = which("dbus-send") else { throw HarnessError("dbus-send not found; run scripts/install-deps.sh") }
+        guard let tool = which("dbus-send") else {
+            throw HarnessError("dbus-send not found; run scripts/install-deps.sh")
+        }
         return tool
     }
 
