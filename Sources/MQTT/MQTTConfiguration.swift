@@ -139,31 +139,9 @@ public struct MQTTCredentials: Sendable, Hashable {
     }
 }
 
-/// The message the broker publishes for us when we vanish without a clean DISCONNECT.
-public struct MQTTWill: Sendable, Hashable {
-    /// Topic name (no wildcards).
-    public var topic: String
-    /// Payload bytes.
-    public var payload: [UInt8]
-    /// Delivery guarantee.
-    public var qos: MQTTQoS
-    /// Whether the broker keeps it as the topic's retained message.
-    public var retain: Bool
-    /// MQTT 5 properties (content type, expiry, user properties...). Must be empty under 3.1.1.
-    public var properties: MQTTPublishProperties
-
-    /// Creates a will.
-    public init(
-        topic: String, payload: [UInt8], qos: MQTTQoS = .atLeastOnce, retain: Bool = false,
-        properties: MQTTPublishProperties = MQTTPublishProperties()
-    ) {
-        self.topic = topic
-        self.payload = payload
-        self.qos = qos
-        self.retain = retain
-        self.properties = properties
-    }
-}
+/// The message the broker publishes for us when we vanish without a clean DISCONNECT: an ordinary outgoing
+/// message (topic without wildcards, payload, QoS, retain, MQTT 5 properties) set before connecting.
+public typealias MQTTWill = MQTTOutgoingMessage
 
 /// How the client retries after the connection is lost or cannot be made.
 public struct MQTTReconnectPolicy: Sendable, Hashable {

@@ -162,7 +162,7 @@ import Testing
         let messages = watcher.messages()
         try await watcher.subscribe(to: "run/#")
         var settings = configuration(broker)
-        settings.will = MQTTWill(topic: "run/will", payload: Array("unclean".utf8))
+        settings.will = MQTTWill(topic: "run/will", payload: Array("unclean".utf8), qos: .atLeastOnce)
         let client = try MQTTClient(configuration: settings)
         let running = Task { try await client.run() }
         try await client.waitForState("running client connects") { $0.isConnected }
