@@ -125,9 +125,9 @@ let robustnessTargets: [DecodeTarget] = {
     }
 
     static func randomPayloadOutcomes(shard: Int) -> (accepted: Int, rejected: Int) {
-        // 4 shards × 50,000 payloads (200,000 per parser), each fed to every target: two thirds random, one third mutations of real
-        // vectors (flip, insert, delete, truncate), so the decoders get past their first checks. (Debug builds decode
-        // at a few µs per call; bench/fuzz.sh runs millions more through libFuzzer in release.)
+        // 4 shards × 50,000 payloads (200,000 per parser), each fed to every target: two thirds random, one third
+        // mutations of real vectors (flip, insert, delete, truncate), so the decoders get past their first checks.
+        // (Debug builds decode at a few µs per call; bench/fuzz.sh runs millions more through libFuzzer in release.)
         var rng = SplitMix64(state: 0x5EED_0000 + UInt64(shard))
         let vectors = GATTVectors.all.compactMap { bytesFromHex($0.payloadHex) }.filter { !$0.isEmpty }
         var accepted = 0
