@@ -43,7 +43,7 @@ let package = Package(
         .executableTarget(name: "bench-notify", dependencies: ["DBus"]),
 
         // Tests.
-        .target(name: "TestSupport", path: "Tests/TestSupport"),
+        .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),
         .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport"]),
         .testTarget(name: "YAMLTests", dependencies: ["YAML"]),
         .testTarget(name: "SimulatorTests", dependencies: ["BlueZSimulator", "DBus", "TestSupport"]),

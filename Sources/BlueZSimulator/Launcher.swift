@@ -1,5 +1,6 @@
 // Process-level helpers for the bluez-sim executable: reading the scenario file and spawning a private dbus-daemon
 // with posix_spawn (no Foundation).
+import DBus
 import Dispatch
 
 #if canImport(Glibc)
@@ -65,35 +66,7 @@ public final class SpawnedBus: @unchecked Sendable {
         var started = false
         defer { if !started { Self.removeFiles(in: directoryPath) } }
         let socket = directory + "/bus"
-        let config = """
-            <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
-             "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-            <busconfig>
-              <type>system</type>
-              <listen>unix:path=\(socket)</listen>
-              <auth>EXTERNAL</auth>
-              <policy context="default">
-                <allow user="*"/>
-                <allow own="*"/>
-                <allow send_type="method_call"/>
-                <allow send_type="signal"/>
-                <allow send_type="method_return"/>
-                <allow send_type="error"/>
-                <allow receive_type="method_call"/>
-                <allow receive_type="signal"/>
-                <allow receive_type="method_return"/>
-                <allow receive_type="error"/>
-                <allow send_destination="*" eavesdrop="true"/>
-                <allow eavesdrop="true"/>
-              </policy>
-              <limit name="max_incoming_bytes">1000000000</limit>
-              <limit name="max_outgoing_bytes">1000000000</limit>
-              <limit name="max_message_size">134217728</limit>
-              <limit name="max_replies_per_connection">50000</limit>
-              <limit name="max_connections_per_user">10000</limit>
-              <limit name="max_match_rules_per_connection">50000</limit>
-            </busconfig>
-            """
+        let config = DBusPrivateBusConfiguration.allowAll(socketPath: socket)
         let configPath = directory + "/bus.conf"
         let cfd = open(configPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard cfd >= 0 else { throw SimulatorError("cannot write \(configPath)") }

@@ -1,5 +1,6 @@
 // Test harness: starts the real parts (a private dbus-daemon, a mosquitto broker, our executables) and stops them
 // by PID. Tests use full Foundation; the daemon's own targets do not.
+import DBus
 import Foundation
 import Synchronization
 
@@ -519,35 +520,7 @@ public final class PrivateBus: @unchecked Sendable {
         }
         let directory = try TemporaryDirectory(prefix: "blebridge-bus")
         let socketPath = directory.url.appendingPathComponent("bus").path
-        let config = """
-            <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
-             "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-            <busconfig>
-              <type>system</type>
-              <listen>unix:path=\(socketPath)</listen>
-              <auth>EXTERNAL</auth>
-              <policy context="default">
-                <allow user="*"/>
-                <allow own="*"/>
-                <allow send_type="method_call"/>
-                <allow send_type="signal"/>
-                <allow send_type="method_return"/>
-                <allow send_type="error"/>
-                <allow receive_type="method_call"/>
-                <allow receive_type="signal"/>
-                <allow receive_type="method_return"/>
-                <allow receive_type="error"/>
-                <allow send_destination="*" eavesdrop="true"/>
-                <allow eavesdrop="true"/>
-              </policy>
-              <limit name="max_incoming_bytes">1000000000</limit>
-              <limit name="max_outgoing_bytes">1000000000</limit>
-              <limit name="max_message_size">134217728</limit>
-              <limit name="max_replies_per_connection">50000</limit>
-              <limit name="max_connections_per_user">10000</limit>
-              <limit name="max_match_rules_per_connection">50000</limit>
-            </busconfig>
-            """
+        let config = DBusPrivateBusConfiguration.allowAll(socketPath: socketPath)
         let configURL = directory.url.appendingPathComponent("bus.conf")
         try config.write(to: configURL, atomically: true, encoding: .utf8)
         let daemon = try ChildProcess(
