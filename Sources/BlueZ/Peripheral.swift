@@ -252,6 +252,12 @@ public final class BlueZPeripheral: Sendable {
                         destination: BlueZName.service, path: path, interface: BlueZName.device, method: "Connect",
                         timeout: max(deadline.remaining, .milliseconds(1)))
                 } catch {
+                    // The device left BlueZ's tree while Connect() was pending (a broadcaster dropped when scanning
+                    // stopped, an expired device): `finish` closed our connection, so the call failed with
+                    // Disconnected. Whatever the failure, a device that is gone is "not found".
+                    if client.tree.device(at: devicePath) == nil {
+                        throw .deviceNotFound(device: label, failure: .init(error))
+                    }
                     switch error.name {
                     case DBusError.unknownObject, DBusError.unknownMethod, "org.bluez.Error.DoesNotExist":
                         throw .deviceNotFound(device: label, failure: .init(error))
@@ -290,7 +296,7 @@ public final class BlueZPeripheral: Sendable {
             // Connect() returns before service discovery on LE: wait for ServicesResolved, or a drop.
             enum Outcome: Sendable { case resolved, dropped, removed }
             let path = devicePath
-            let outcome = await client.wait(timeout: deadline.remaining) { event, tree -> Outcome? in
+            var outcome = await client.wait(timeout: deadline.remaining) { event, tree -> Outcome? in
                 guard let d = tree.device(at: path) else { return .removed }
                 if case .propertiesChanged(let p, BlueZName.device, let changed, _) = event, p == path,
                     changed["Connected"]?.bool == false
@@ -299,6 +305,17 @@ public final class BlueZPeripheral: Sendable {
                 }
                 if d.connected && d.servicesResolved { return .resolved }
                 return nil
+            }
+            if outcome == .dropped {
+                // The Connect() reply and the Connected signals travel on different D-Bus connections, so this
+                // Connected=false may be a late one from an earlier aborted attempt: then this attempt's
+                // Connected=true and ServicesResolved follow at once.
+                let cameBack = await client.wait(timeout: min(deadline.remaining, .milliseconds(500))) {
+                    _, tree -> Bool? in
+                    guard let d = tree.device(at: path) else { return false }
+                    return d.connected && d.servicesResolved ? true : nil
+                }
+                if cameBack == true { outcome = .resolved }
             }
             switch outcome {
             case .resolved:
@@ -332,10 +349,21 @@ public final class BlueZPeripheral: Sendable {
 
     private func waitForConnectedFalse(_ deadline: Deadline) async {
         let path = devicePath
-        // If the link never came up (no Connected=true seen) there is little to wait for.
-        let sawUp = state.withLock { $0.sawConnected == true }
-        let limit = min(deadline.remaining, sawUp ? .seconds(3) : .milliseconds(300))
-        _ = await client.wait(timeout: limit) { [weak self] event, tree -> Bool? in
+        // The Connect() reply comes on this peripheral's own D-Bus connection, the Connected signals through the
+        // client's: they are not ordered. So first learn whether the link came up at all (a short wait), and only
+        // then wait, longer, for it to go down; otherwise a late Connected=false would end the next attempt.
+        let cameUp = await client.wait(timeout: min(deadline.remaining, .milliseconds(300))) {
+            [weak self] event, _ -> Bool? in
+            if case .propertiesChanged(let p, BlueZName.device, let changed, _) = event, p == path,
+                let connected = changed["Connected"]?.bool
+            {
+                return connected
+            }
+            if event == nil, let self { return self.state.withLock { $0.sawConnected } }
+            return nil
+        }
+        guard cameUp == true else { return }
+        _ = await client.wait(timeout: min(deadline.remaining, .seconds(3))) { [weak self] event, _ -> Bool? in
             if case .propertiesChanged(let p, BlueZName.device, let changed, _) = event, p == path,
                 changed["Connected"]?.bool == false
             {
