@@ -277,16 +277,7 @@ extension BlueZSimulator {
         after(0.05) { [weak self] in
             guard let self else { return }
             self.tearDownDevices()
-            let connection = self.loop.withLock { l -> DBusConnection? in
-                l.epoch += 1
-                l.restarting = true
-                let c = l.connection
-                l.connection = nil
-                l.server = nil
-                l.controlServer = nil
-                return c
-            }
-            connection?.close()
+            self.detachConnection()?.close()
             self.queue.asyncAfter(deadline: simDeadline(seconds)) { [weak self] in
                 Task { [weak self] in
                     guard let self else { return }

@@ -153,7 +153,14 @@ public final class BlueZSimulator: @unchecked Sendable {
     /// thread; the process is expected to exit afterwards.
     public func stop() {
         stopRequested.withLock { $0 = true }
-        let connection = loop.withLock { l -> DBusConnection? in
+        detachConnection()?.close()
+        markLost()
+    }
+
+    /// Forgets the bus connection and its object servers (a new epoch: timers of the old one do nothing) and returns
+    /// the connection for the caller to close, outside the lock.
+    func detachConnection() -> DBusConnection? {
+        loop.withLock { l -> DBusConnection? in
             l.epoch += 1
             l.restarting = true
             let c = l.connection
@@ -162,8 +169,6 @@ public final class BlueZSimulator: @unchecked Sendable {
             l.controlServer = nil
             return c
         }
-        connection?.close()
-        markLost()
     }
 
     /// Runs `body` on the loop (the connection's dispatch thread), unless a restart happened since `epoch`.

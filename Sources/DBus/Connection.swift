@@ -244,9 +244,7 @@ public final class DBusConnection: Sendable {
 
     /// Keeps `tracker` up to date with the owner of `name` (NameOwnerChanged, then GetNameOwner).
     private func follow(owner name: String, into tracker: OwnerTracker) async throws(DBusError) {
-        let rule = DBusMatchRule(
-            sender: "org.freedesktop.DBus", interface: "org.freedesktop.DBus", member: "NameOwnerChanged",
-            path: "/org/freedesktop/DBus", arguments: [0: name])
+        let rule = DBusMatchRule.nameOwnerChanged(name)
         let subscription = SignalSubscription(
             rule: rule,
             deliver: { message in
@@ -279,9 +277,7 @@ public final class DBusConnection: Sendable {
         let (stream, continuation) = AsyncStream<String?>.makeStream(bufferingPolicy: .unbounded)
         // Changes seen before the GetNameOwner reply are already reflected in it and are dropped.
         let live = Mutex(false)
-        let rule = DBusMatchRule(
-            sender: "org.freedesktop.DBus", interface: "org.freedesktop.DBus", member: "NameOwnerChanged",
-            path: "/org/freedesktop/DBus", arguments: [0: name])
+        let rule = DBusMatchRule.nameOwnerChanged(name)
         let subscription = SignalSubscription(
             rule: rule,
             deliver: { message in
@@ -455,5 +451,14 @@ public struct DBusNameOwnerStream: AsyncSequence, Sendable {
     /// Starts iterating (each iterator keeps the subscription alive).
     public func makeAsyncIterator() -> AsyncIterator {
         AsyncIterator(base: stream.makeAsyncIterator(), lifetime: lifetime)
+    }
+}
+
+extension DBusMatchRule {
+    /// The bus daemon's `NameOwnerChanged` signals about `name`.
+    static func nameOwnerChanged(_ name: String) -> DBusMatchRule {
+        DBusMatchRule(
+            sender: "org.freedesktop.DBus", interface: "org.freedesktop.DBus", member: "NameOwnerChanged",
+            path: "/org/freedesktop/DBus", arguments: [0: name])
     }
 }

@@ -111,10 +111,7 @@ public struct ConcentrationCharacteristicParser: GATTCharacteristicParser {
 
     /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
-        guard bytes.count == 2 else {
-            if bytes.count < 2 { throw .truncated(offset: 0, needed: 2, available: bytes.count) }
-            throw .invalidLength(expected: "2 octets", actual: bytes.count)
-        }
+        try checkLength(bytes, 2)
         var cursor = ByteCursor(bytes)
         let raw = try cursor.u16()
         var reading = GATTReading(capacity: 2)
@@ -152,10 +149,7 @@ public struct AppearanceParser: GATTCharacteristicParser {
 
     /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
-        guard bytes.count == 2 else {
-            if bytes.count < 2 { throw .truncated(offset: 0, needed: 2, available: bytes.count) }
-            throw .invalidLength(expected: "2 octets", actual: bytes.count)
-        }
+        try checkLength(bytes, 2)
         var cursor = ByteCursor(bytes)
         let raw = try cursor.u16()
         return GATTReading([
