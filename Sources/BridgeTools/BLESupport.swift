@@ -8,9 +8,6 @@ import GATT
     import Glibc
 #endif
 
-/// sysexits.h EX_NOPERM: the operation was not permitted.
-let exitNotPermitted: Int32 = 77
-
 /// A failure that ends a command: the message for stderr and the exit code.
 struct BLEFailure: Error {
     var message: String
@@ -24,7 +21,7 @@ struct BLEFailure: Error {
     init(_ error: BlueZError) {
         message = error.description
         switch error {
-        case .notPermitted: code = exitNotPermitted
+        case .notPermitted: code = ExitCode.notPermitted
         case .notSupported: code = ExitCode.failure
         case .invalidArgument: code = ExitCode.usage
         default: code = ExitCode.unavailable

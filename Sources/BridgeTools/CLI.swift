@@ -13,6 +13,8 @@ public enum ExitCode {
     public static let dataError: Int32 = 65
     /// The adapter, device or characteristic is not available.
     public static let unavailable: Int32 = 69
+    /// The adapter or device refused the operation (BlueZ NotPermitted / NotAuthorized).
+    public static let notPermitted: Int32 = 77
     /// Any other failure.
     public static let failure: Int32 = 1
 }
