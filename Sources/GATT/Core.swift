@@ -351,9 +351,15 @@ public protocol GATTCharacteristicParser: Sendable {
     func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading
     /// Encodes a value for a write. The default throws `notEncodable`.
     func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8]
+    /// Every top-level field `decode` can publish, in publishing order, with its unit and Home Assistant classes;
+    /// known before any value arrives (for MQTT discovery). The default is empty (nothing declared).
+    var fields: [GATTFieldDescriptor] { get }
 }
 
 extension GATTCharacteristicParser {
+    /// Parsers that declare nothing: no field is known ahead of data.
+    public var fields: [GATTFieldDescriptor] { [] }
+
     /// Parsers without an encoder: always throws `notEncodable` naming the parser.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         throw .notEncodable("\(name) has no encoder")
@@ -417,4 +423,12 @@ public protocol AdvertisementParser: Sendable {
     /// Decodes one payload. Throws on a payload that must be rejected.
     func decode(_ payload: [UInt8], from source: AdvertisementSource, context: AdvertisementContext)
         throws(GATTParseError) -> GATTReading
+    /// Every top-level field `decode` can publish, with its unit and Home Assistant classes; known before any
+    /// payload arrives (for MQTT discovery). The default is empty (nothing declared).
+    var fields: [GATTFieldDescriptor] { get }
+}
+
+extension AdvertisementParser {
+    /// Parsers that declare nothing: no field is known ahead of data.
+    public var fields: [GATTFieldDescriptor] { [] }
 }

@@ -37,11 +37,18 @@ public struct DeclarativeFieldSpec: Sendable, Equatable {
     public var enumNames: [Int64: String]?
     /// For `utf8` and `hex`: the length in octets; nil = to the end of the value.
     public var length: Int?
+    /// The Home Assistant `unit_of_measurement` (`"°C"`, `"hPa"`); nil = inferred from the name's suffix.
+    public var unit: String?
+    /// The Home Assistant device class (`temperature`; `door` for a `bool:bitN`); nil = inferred from the name.
+    public var deviceClass: String?
+    /// The Home Assistant state class (`measurement`, `total`, `total_increasing`); nil = inferred from the name.
+    public var stateClass: String?
 
     /// Creates a field; `type` and the other values are checked when the parser is built.
     public init(
         name: String, type: String, offset: Int, scale: Double? = nil, add: Double? = nil,
-        enumNames: [Int64: String]? = nil, length: Int? = nil
+        enumNames: [Int64: String]? = nil, length: Int? = nil, unit: String? = nil, deviceClass: String? = nil,
+        stateClass: String? = nil
     ) {
         self.name = name
         self.type = type
@@ -50,6 +57,9 @@ public struct DeclarativeFieldSpec: Sendable, Equatable {
         self.add = add
         self.enumNames = enumNames
         self.length = length
+        self.unit = unit
+        self.deviceClass = deviceClass
+        self.stateClass = stateClass
     }
 }
 
@@ -156,7 +166,10 @@ public struct DeclarativeParser: GATTCharacteristicParser {
     public let uuids: [BluetoothUUID]
     /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name: String
-    let fields: [Field]
+    /// The published fields in order, with their declared (or inferred) unit and Home Assistant classes; an `enum`
+    /// field adds `<name>_name` (text) after the integer.
+    public let fields: [GATTFieldDescriptor]
+    let layout: [Field]
     /// Octets the fixed-size fields need.
     let minimumLength: Int
 
@@ -172,7 +185,8 @@ public struct DeclarativeParser: GATTCharacteristicParser {
         guard !spec.fields.isEmpty else {
             throw DeclarativeParserError(path: "\(path).fields", reason: "at least one field is needed")
         }
-        var fields: [Field] = []
+        var layout: [Field] = []
+        var descriptors: [GATTFieldDescriptor] = []
         var names: Set<String> = []
         var minimumLength = 0
         var toEnd: (offset: Int, path: String)?
@@ -234,10 +248,11 @@ public struct DeclarativeParser: GATTCharacteristicParser {
                 }
                 toEnd = (field.offset, fieldPath)
             }
-            fields.append(
+            layout.append(
                 Field(
                     name: field.name, type: type, offset: field.offset, size: size, scale: field.scale,
                     add: field.add, enumNames: field.enumNames))
+            descriptors += try Self.descriptors(field, type: type, path: fieldPath)
         }
         if let toEnd, toEnd.offset < minimumLength {
             throw DeclarativeParserError(
@@ -247,14 +262,85 @@ public struct DeclarativeParser: GATTCharacteristicParser {
         }
         self.uuids = [uuid]
         self.name = spec.name
-        self.fields = fields
+        self.layout = layout
+        self.fields = descriptors
         self.minimumLength = minimumLength
+    }
+
+    /// The published fields of one declared field, its metadata checked against Home Assistant's rules.
+    ///
+    /// Each of unit, device class and state class comes from the declaration when given, else from the name's
+    /// conventions (`GATTFieldDescriptor.inferred(fromName:)`) as long as they fit what was declared: an inferred
+    /// device class (and its state class) is dropped when the declared unit differs from the inferred one, an inferred
+    /// unit or state class when the declared device class does not allow it.
+    static func descriptors(_ field: DeclarativeFieldSpec, type: DeclarativeFieldType, path: String)
+        throws(DeclarativeParserError) -> [GATTFieldDescriptor]
+    {
+        let kind: GATTFieldKind
+        switch type {
+        case .integer, .sfloat, .float: kind = .number
+        case .utf8, .hex: kind = .text
+        case .bit: kind = .boolean
+        }
+        let inferred = GATTFieldDescriptor.inferred(fromName: field.name)
+        var descriptor = GATTFieldDescriptor(field.name, kind: kind)
+        switch kind {
+        case .number where field.enumNames != nil:
+            // The integer is a code and `<name>_name` its meaning: neither has a unit or statistics.
+            if field.unit != nil {
+                throw DeclarativeParserError(path: "\(path).unit", reason: "an enum field has no unit")
+            }
+            if field.stateClass != nil {
+                throw DeclarativeParserError(path: "\(path).state_class", reason: "an enum field has no state class")
+            }
+            var names = GATTFieldDescriptor.text(field.name + "_name")
+            if let deviceClass = field.deviceClass {
+                guard deviceClass == "enum" else {
+                    throw DeclarativeParserError(
+                        path: "\(path).device_class",
+                        reason: "\"\(deviceClass)\": an enum field can only have device class enum (for <name>_name)")
+                }
+                names.deviceClass = deviceClass
+            }
+            return [descriptor, names]
+        case .number:
+            var unit = field.unit
+            if unit == nil, let inferredUnit = inferred.unit {
+                if let declared = field.deviceClass {
+                    if GATTHomeAssistant.sensorDeviceClasses[declared]?.contains(inferredUnit) == true {
+                        unit = inferredUnit
+                    }
+                } else {
+                    unit = inferredUnit
+                }
+            }
+            let deviceClass = field.deviceClass ?? (unit == inferred.unit ? inferred.deviceClass : nil)
+            let asInferred = unit == inferred.unit && deviceClass == inferred.deviceClass
+            descriptor.unit = unit
+            descriptor.deviceClass = deviceClass
+            descriptor.stateClass = field.stateClass ?? (asInferred ? inferred.stateClass : nil)
+        case .boolean:
+            descriptor.unit = field.unit
+            descriptor.stateClass = field.stateClass
+            descriptor.deviceClass =
+                field.deviceClass ?? GATTHomeAssistant.binarySensorDeviceClass(forName: field.name)
+        case .text, .structured:
+            descriptor.unit = field.unit
+            descriptor.stateClass = field.stateClass
+            descriptor.deviceClass = field.deviceClass
+        }
+        do {
+            try GATTHomeAssistant.validate(descriptor)
+        } catch {
+            throw DeclarativeParserError(path: "\(path).\(error.key)", reason: error.reason)
+        }
+        return [descriptor]
     }
 
     /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
-        var reading = GATTReading(capacity: fields.count + 2)
-        for field in fields {
+        var reading = GATTReading(capacity: layout.count + 2)
+        for field in layout {
             let size = field.size ?? max(0, bytes.count - field.offset)
             guard field.offset + size <= bytes.count, field.offset <= bytes.count else {
                 throw .truncated(
@@ -306,7 +392,7 @@ public struct DeclarativeParser: GATTCharacteristicParser {
     /// Encodes a reading for a write; throws `notEncodable` when a field is missing or out of range.
     public func encode(_ value: GATTReading) throws(GATTParseError) -> [UInt8] {
         var out = [UInt8](repeating: 0, count: minimumLength)
-        for field in fields {
+        for field in layout {
             guard let fieldValue = value[field.name], fieldValue != .null else {
                 if case .bit = field.type { continue }  // an absent flag is false
                 throw .notEncodable("\(name): field \(field.name) is missing")

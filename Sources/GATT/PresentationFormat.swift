@@ -134,6 +134,25 @@ public struct PresentationFormat: Sendable, Equatable {
         return reading
     }
 
+    /// The fields `decodeValue` publishes, known before any value: `value_<unit suffix>` (`value` when unitless or
+    /// unknown) with its Home Assistant unit, device and state class, then `unit` (the unit's name) or `unit_uuid`.
+    /// Empty for a reserved format, which `decodeValue` rejects.
+    public var fields: [GATTFieldDescriptor] {
+        guard Self.formats[Int(format)] != nil else { return [] }
+        let suffix = unit == 0x2700 ? nil : unitSuffix
+        let name = suffix.map { "value_\($0)" } ?? "value"
+        var value: GATTFieldDescriptor
+        switch format {
+        case 0x01: value = .boolean(name)
+        case 0x18: value = .structured(name)
+        case 0x0B, 0x13, 0x19, 0x1A, 0x1B, 0x1C: value = .text(name)
+        default:
+            // The unit's Home Assistant spelling and classes come from the same suffix conventions as every name.
+            value = suffix == nil ? .plain(name, stateClass: "measurement") : .number(name)
+        }
+        return [value, .text(unitName == nil ? "unit_uuid" : "unit")]
+    }
+
     /// Decodes `bytes` as the 7-octet descriptor `descriptor` describes.
     public static func decode(_ bytes: [UInt8], descriptor: [UInt8]) throws(GATTParseError) -> GATTReading {
         try PresentationFormat(descriptor: descriptor).decodeValue(bytes)
@@ -200,6 +219,15 @@ public struct PresentationFormatDescriptorParser: GATTCharacteristicParser {
 
     /// Creates the parser.
     public init() {}
+
+    /// `format`, `format_name`, `exponent`, `unit_uuid`, `unit_name`, `namespace`, `description`,
+    /// `description_name`: codes and names, without units.
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .plain("format"), .text("format_name"), .plain("exponent"), .text("unit_uuid"), .text("unit_name"),
+            .plain("namespace"), .plain("description"), .text("description_name"),
+        ]
+    }
 
     /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {

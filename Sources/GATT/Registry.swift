@@ -107,6 +107,23 @@ public struct GATTParserRegistry: Sendable {
         advertisementsBySource[source]
     }
 
+    /// The fields the parser for `uuid` declares (see `GATTCharacteristicParser.fields`); empty when no parser
+    /// handles `uuid`. A characteristic without a parser but with a 0x2904 descriptor: `fields(forPresentationFormat:)`.
+    public func fields(for uuid: BluetoothUUID) -> [GATTFieldDescriptor] { byUUID[uuid]?.fields ?? [] }
+
+    /// The fields the advertisement parser for `source` declares; empty when no parser handles `source`.
+    public func fields(for source: AdvertisementSource) -> [GATTFieldDescriptor] {
+        advertisementsBySource[source]?.fields ?? []
+    }
+
+    /// The fields `decode` publishes for a characteristic that has no parser but this 0x2904 Characteristic
+    /// Presentation Format descriptor value: `value_<unit suffix>` (or `value`) with the unit, then `unit` or
+    /// `unit_uuid` (see `PresentationFormat.fields`). Empty when the descriptor is malformed or its format reserved.
+    public func fields(forPresentationFormat descriptor: [UInt8]) -> [GATTFieldDescriptor] {
+        guard let format = try? PresentationFormat(descriptor: descriptor) else { return [] }
+        return format.fields
+    }
+
     /// Every registered characteristic parser, once each, sorted by name.
     public var characteristicParsers: [any GATTCharacteristicParser] {
         byName.values.sorted { $0.name < $1.name }
