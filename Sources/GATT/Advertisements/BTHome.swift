@@ -161,6 +161,58 @@ enum BTHomeObjects {
         return t
     }()
 
+    /// The published fields: `mac`, then the table's names in object-id order (first occurrence), each with its unit
+    /// and Home Assistant classes as bthome-ble publishes them.
+    static let fields: [GATTFieldDescriptor] = {
+        let micro = GATTHomeAssistant.microSign
+        let declared: [GATTFieldDescriptor] = [
+            .plain("packet_id"), .measurement("battery_pct", "%", "battery"),
+            .measurement("temperature_c", "°C", "temperature"), .measurement("humidity_pct", "%", "humidity"),
+            .measurement("pressure_pa", "Pa", "pressure"), .measurement("illuminance_lx", "lx", "illuminance"),
+            .measurement("mass_kg", "kg", "weight"), .measurement("mass_lb", "lb", "weight"),
+            .measurement("dew_point_c", "°C", "temperature"), .plain("count"),
+            .increasing("energy_kwh", "kWh", "energy"), .measurement("power_w", "W", "power"),
+            .measurement("voltage_v", "V", "voltage"), .measurement("pm25_ug_m3", "\(micro)g/m³", "pm25"),
+            .measurement("pm10_ug_m3", "\(micro)g/m³", "pm10"), .boolean("generic"), .boolean("power"),
+            .boolean("opening"), .measurement("co2_ppm", "ppm", "carbon_dioxide"),
+            .measurement("voc_ug_m3", "\(micro)g/m³", "volatile_organic_compounds"),
+            .measurement("moisture_pct", "%", "moisture"), .boolean("battery_low"), .boolean("battery_charging"),
+            .boolean("carbon_monoxide"), .boolean("cold"), .boolean("connectivity"), .boolean("door"),
+            .boolean("garage_door"), .boolean("gas"), .boolean("heat"), .boolean("light"), .boolean("lock"),
+            .boolean("moisture"), .boolean("motion"), .boolean("moving"), .boolean("occupancy"), .boolean("plug"),
+            .boolean("presence"), .boolean("problem"), .boolean("running"), .boolean("safety"), .boolean("smoke"),
+            .boolean("sound"), .boolean("tamper"), .boolean("vibration"), .boolean("window"),
+            .text("button_event"), .plain("command"), .text("dimmer_event"), .plain("dimmer_steps"),
+            .measurement("rotation_deg", "°"), .measurement("distance_mm", "mm", "distance"),
+            .measurement("distance_m", "m", "distance"), .measurement("duration_s", "s", "duration"),
+            .measurement("current_a", "A", "current"), .measurement("speed_m_s", "m/s", "speed"),
+            .measurement("uv_index", "UV index"),
+            GATTFieldDescriptor("volume_l", unit: "L", deviceClass: "volume", stateClass: "total"),
+            GATTFieldDescriptor("volume_ml", unit: "mL", deviceClass: "volume", stateClass: "total"),
+            .measurement("volume_flow_rate_m3_h", "m³/h", "volume_flow_rate"), .increasing("gas_m3", "m³", "gas"),
+            .increasing("water_l", "L", "water"), .text("timestamp"), .measurement("acceleration_m_s2", "m/s²"),
+            .measurement("gyroscope_deg_s", "°/s"), .text("text"), .text("raw_data"),
+            .measurement("volume_storage_l", "L", "volume_storage"),
+            .measurement("conductivity_us_cm", "\(micro)S/cm", "conductivity"), .measurement("direction_deg", "°"),
+            .measurement("precipitation_mm", "mm", "precipitation"), .plain("channel"),
+            .measurement("rotational_speed_rpm", "rpm"), .plain("light_level", stateClass: "measurement"),
+            .plain("settings_revision"), .plain("device_type_id"), .text("firmware_version"),
+        ]
+        let byName = Dictionary(declared.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
+        var fields: [GATTFieldDescriptor] = [.text("mac")]
+        var seen: Set<String> = ["mac"]
+        for id in 0..<256 {
+            guard let object = table[id] else { continue }
+            var names = [object.name]
+            if case .dimmer = object.kind { names.append("dimmer_steps") }
+            for name in names where seen.insert(name).inserted {
+                // Every table name is in `declared` (a test checks); the fallback keeps a new row published.
+                fields.append(byName[name] ?? .inferred(fromName: name))
+            }
+        }
+        return fields
+    }()
+
     /// Every defined object id, ascending.
     static let definedIDs: [UInt8] = (0...255).compactMap { table[$0] == nil ? nil : UInt8($0) }
 
@@ -222,6 +274,11 @@ public struct BTHomeV2Parser: AdvertisementParser {
     /// `bthome_v2`: the parser name in logs and on the command line.
     public let name = "bthome_v2"
     static let format = "BTHome v2"
+
+    /// `mac` (when the packet embeds it), then every field of the object table (SPEC.md §4.1) in object-id order,
+    /// `dimmer_steps` after `dimmer_event`. A packet carries only some of them. A field that occurs more than once in
+    /// one packet is published as `<name>_1`, `<name>_2`, …; each has the descriptor of `<name>`.
+    public var fields: [GATTFieldDescriptor] { BTHomeObjects.fields }
 
     /// Creates the parser. It holds no state.
     public init() {}

@@ -16,6 +16,17 @@ public struct RuuviRAWv2Parser: AdvertisementParser {
     /// `ruuvi_rawv2`: the parser name in logs and on the command line.
     public let name = "ruuvi_rawv2"
 
+    /// Climate, acceleration (milli-g, as Ruuvi publishes it), battery voltage, transmit power, counters, `mac`.
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .measurement("temperature_c", "°C", "temperature"), .measurement("humidity_pct", "%", "humidity"),
+            .measurement("pressure_pa", "Pa", "pressure"), .measurement("acceleration_x_mg", "mG"),
+            .measurement("acceleration_y_mg", "mG"), .measurement("acceleration_z_mg", "mG"),
+            .measurement("battery_voltage_v", "V", "voltage"), .measurement("tx_power_dbm", "dBm", "signal_strength"),
+            .plain("movement_counter"), .plain("measurement_sequence"), .text("mac"),
+        ]
+    }
+
     /// Creates the parser. It holds no state.
     public init() {}
 
@@ -66,6 +77,14 @@ public struct IBeaconParser: AdvertisementParser {
     /// `ibeacon`: the parser name in logs and on the command line.
     public let name = "ibeacon"
 
+    /// `ibeacon_uuid`, `major`, `minor`, `tx_power_dbm` (the calibrated power at 1 m).
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .text("ibeacon_uuid"), .plain("major"), .plain("minor"),
+            .measurement("tx_power_dbm", "dBm", "signal_strength"),
+        ]
+    }
+
     /// Creates the parser. It holds no state.
     public init() {}
 
@@ -104,6 +123,16 @@ public struct EddystoneParser: AdvertisementParser {
     public let sources: [AdvertisementSource] = [.serviceData(BluetoothUUID(UInt16(0xFEAA)))]
     /// `eddystone`: the parser name in logs and on the command line.
     public let name = "eddystone"
+
+    /// Every frame type's fields (UID, URL, TLM, EID); `frame_type` says which a payload carried.
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .text("frame_type"), .measurement("tx_power_dbm", "dBm", "signal_strength"), .text("namespace"),
+            .text("instance"), .text("url"), .measurement("battery_voltage_v", "V", "voltage"),
+            .measurement("temperature_c", "°C", "temperature"), .increasing("adv_count", nil),
+            .increasing("uptime_s", "s", "duration"), .text("eid"),
+        ]
+    }
 
     /// Creates the parser. It holds no state.
     public init() {}
@@ -188,6 +217,14 @@ public struct GoveeH5075Parser: AdvertisementParser {
     public let sources: [AdvertisementSource] = [.manufacturer(0xEC88)]
     /// `govee_h5075`: the parser name in logs and on the command line.
     public let name = "govee_h5075"
+
+    /// `temperature_c`, `humidity_pct`, `battery_pct`.
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .measurement("temperature_c", "°C", "temperature"), .measurement("humidity_pct", "%", "humidity"),
+            .measurement("battery_pct", "%", "battery"),
+        ]
+    }
 
     /// Creates the parser. It holds no state.
     public init() {}

@@ -9,6 +9,15 @@ public struct ATCParser: AdvertisementParser {
     /// `atc_pvvx`: the parser name in logs and on the command line.
     public let name = "atc_pvvx"
 
+    /// Every layout's fields; the encrypted ones carry no `mac` and no `battery_voltage_v`.
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .text("mac"), .measurement("temperature_c", "°C", "temperature"),
+            .measurement("humidity_pct", "%", "humidity"), .measurement("battery_pct", "%", "battery"),
+            .measurement("battery_voltage_v", "V", "voltage"), .plain("packet_counter"), .plain("flags"),
+        ]
+    }
+
     /// Creates the parser. It holds no state.
     public init() {}
 
@@ -109,6 +118,17 @@ public struct MiBeaconParser: AdvertisementParser {
     public let sources: [AdvertisementSource] = [.serviceData(BluetoothUUID(UInt16(0xFE95)))]
     /// `xiaomi_mibeacon`: the parser name in logs and on the command line.
     public let name = "xiaomi_mibeacon"
+
+    /// The frame header fields, `mac`, then every object the parser decodes.
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .plain("frame_version"), .plain("product_id"), .plain("frame_counter"), .text("mac"),
+            .measurement("temperature_c", "°C", "temperature"), .measurement("humidity_pct", "%", "humidity"),
+            .measurement("illuminance_lx", "lx", "illuminance"), .measurement("moisture_pct", "%", "moisture"),
+            .measurement("conductivity_us_cm", "\(GATTHomeAssistant.microSign)S/cm", "conductivity"),
+            .measurement("battery_pct", "%", "battery"),
+        ]
+    }
 
     /// Creates the parser. It holds no state.
     public init() {}

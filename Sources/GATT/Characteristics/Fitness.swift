@@ -10,6 +10,14 @@ public struct CSCMeasurementParser: GATTCharacteristicParser {
     /// Creates the parser.
     public init() {}
 
+    /// The revolution counters (running totals that wrap) and their last event times (a 64 s clock, no statistics).
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .increasing("cumulative_wheel_revolutions", nil), eventTime("last_wheel_event_time_s"),
+            .increasing("cumulative_crank_revolutions", nil), eventTime("last_crank_event_time_s"),
+        ]
+    }
+
     /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         var cursor = ByteCursor(bytes)
@@ -65,6 +73,15 @@ public struct RSCMeasurementParser: GATTCharacteristicParser {
     /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "rsc_measurement"
 
+    /// `speed_m_s`, `cadence_rpm`, `stride_length_m`, `total_distance_m`, `is_running`.
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .measurement("speed_m_s", "m/s", "speed"), .measurement("cadence_rpm", "rpm"),
+            .measurement("stride_length_m", "m", "distance"), .increasing("total_distance_m", "m", "distance"),
+            .boolean("is_running"),
+        ]
+    }
+
     /// Creates the parser.
     public init() {}
 
@@ -114,6 +131,22 @@ public struct CyclingPowerMeasurementParser: GATTCharacteristicParser {
     public let uuids = [BluetoothUUID(UInt16(0x2A63))]
     /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "cycling_power_measurement"
+
+    /// Instantaneous power, then the optional fields in flag order, then `offset_compensation_indicator`.
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .measurement("instantaneous_power_w", "W", "power"), .measurement("pedal_power_balance_pct", "%"),
+            .text("pedal_power_balance_reference"), .increasing("accumulated_torque_nm", "N·m"),
+            .text("accumulated_torque_source"), .increasing("cumulative_wheel_revolutions", nil),
+            eventTime("last_wheel_event_time_s"), .increasing("cumulative_crank_revolutions", nil),
+            eventTime("last_crank_event_time_s"), .measurement("maximum_force_n", "N"),
+            .measurement("minimum_force_n", "N"), .measurement("maximum_torque_nm", "N·m"),
+            .measurement("minimum_torque_nm", "N·m"), .measurement("maximum_angle_deg", "°"),
+            .measurement("minimum_angle_deg", "°"), .measurement("top_dead_spot_angle_deg", "°"),
+            .measurement("bottom_dead_spot_angle_deg", "°"), .increasing("accumulated_energy_kj", "kJ", "energy"),
+            .boolean("offset_compensation_indicator"),
+        ]
+    }
 
     /// Creates the parser.
     public init() {}
@@ -226,4 +259,9 @@ public struct CyclingPowerMeasurementParser: GATTCharacteristicParser {
         out.u16(flags)
         return out.bytes + body.bytes
     }
+}
+
+/// A "last event time" field: seconds on a clock that wraps (64 s or 32 s), so a duration without statistics.
+private func eventTime(_ name: String) -> GATTFieldDescriptor {
+    GATTFieldDescriptor(name, unit: "s", deviceClass: "duration")
 }

@@ -9,6 +9,16 @@ public struct WeightMeasurementParser: GATTCharacteristicParser {
     /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "weight_measurement"
 
+    /// `weight_kg` or `weight_lb`, `timestamp` (+ `timestamp_fields`), `user_id`, `bmi_kg_m2`, `height_m` or
+    /// `height_in`.
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .measurement("weight_kg", "kg", "weight"), .measurement("weight_lb", "lb", "weight"), .text("timestamp"),
+            .structured("timestamp_fields"), .plain("user_id"), .measurement("bmi_kg_m2", "kg/m²"),
+            .measurement("height_m", "m", "distance"), .measurement("height_in", "in", "distance"),
+        ]
+    }
+
     /// Creates the parser.
     public init() {}
 
@@ -103,6 +113,21 @@ public struct BloodPressureParser: GATTCharacteristicParser {
         self.name = name
     }
 
+    /// The three pressures in mmHg or kPa (the flags choose), `timestamp` (+ `timestamp_fields`), `pulse_rate_bpm`,
+    /// `user_id`, `measurement_status`.
+    public var fields: [GATTFieldDescriptor] {
+        var fields: [GATTFieldDescriptor] = []
+        for stem in ["systolic", "diastolic", "mean_arterial_pressure"] {
+            fields += [
+                .measurement(stem + "_mmhg", "mmHg", "pressure"), .measurement(stem + "_kpa", "kPa", "pressure"),
+            ]
+        }
+        return fields + [
+            .text("timestamp"), .structured("timestamp_fields"), .measurement("pulse_rate_bpm", "bpm"),
+            .plain("user_id"), .plain("measurement_status"),
+        ]
+    }
+
     /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         var cursor = ByteCursor(bytes)
@@ -168,6 +193,16 @@ public struct PLXSpotCheckParser: GATTCharacteristicParser {
     public let uuids = [BluetoothUUID(UInt16(0x2A5E))]
     /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "plx_spot_check_measurement"
+
+    /// `spo2_pct`, `pulse_rate_bpm`, `timestamp` (+ `timestamp_fields`), the status bit fields,
+    /// `pulse_amplitude_index_pct`, `device_clock_not_set`.
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .measurement("spo2_pct", "%"), .measurement("pulse_rate_bpm", "bpm"), .text("timestamp"),
+            .structured("timestamp_fields"), .plain("measurement_status"), .plain("device_and_sensor_status"),
+            .measurement("pulse_amplitude_index_pct", "%"), .boolean("device_clock_not_set"),
+        ]
+    }
 
     /// Creates the parser.
     public init() {}
@@ -237,6 +272,16 @@ public struct PLXContinuousParser: GATTCharacteristicParser {
     public let uuids = [BluetoothUUID(UInt16(0x2A5F))]
     /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "plx_continuous_measurement"
+
+    /// SpO2 and pulse rate (normal, fast, slow), the status bit fields, `pulse_amplitude_index_pct`.
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .measurement("spo2_pct", "%"), .measurement("pulse_rate_bpm", "bpm"), .measurement("spo2_fast_pct", "%"),
+            .measurement("pulse_rate_fast_bpm", "bpm"), .measurement("spo2_slow_pct", "%"),
+            .measurement("pulse_rate_slow_bpm", "bpm"), .plain("measurement_status"),
+            .plain("device_and_sensor_status"), .measurement("pulse_amplitude_index_pct", "%"),
+        ]
+    }
 
     /// Creates the parser.
     public init() {}
@@ -319,6 +364,20 @@ public struct GlucoseMeasurementParser: GATTCharacteristicParser {
 
     /// Creates the parser.
     public init() {}
+
+    /// `sequence_number`, `base_time` (+ `base_time_fields`), `time_offset_min`, `timestamp`, the concentration in
+    /// kg/L or mol/L, `glucose_type` and `sample_location` (+ `_name`), `sensor_status_annunciation`,
+    /// `context_information_follows`.
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .plain("sequence_number"), .text("base_time"), .structured("base_time_fields"),
+            GATTFieldDescriptor("time_offset_min", unit: "min", deviceClass: "duration"), .text("timestamp"),
+            .measurement("glucose_concentration_kg_l", "kg/L"), .measurement("glucose_concentration_mol_l", "mol/L"),
+            .plain("glucose_type"), .text("glucose_type_name"), .plain("sample_location"),
+            .text("sample_location_name"), .plain("sensor_status_annunciation"),
+            .boolean("context_information_follows"),
+        ]
+    }
 
     /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {

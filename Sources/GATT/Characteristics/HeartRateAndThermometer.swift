@@ -13,6 +13,14 @@ public struct HeartRateMeasurementParser: GATTCharacteristicParser {
     /// Creates the parser.
     public init() {}
 
+    /// `heart_rate_bpm`, `sensor_contact`, `energy_expended_kj` (a running total the sensor resets), `rr_intervals_s`.
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .measurement("heart_rate_bpm", "bpm"), .boolean("sensor_contact"),
+            .increasing("energy_expended_kj", "kJ", "energy"), .structured("rr_intervals_s", unit: "s"),
+        ]
+    }
+
     /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         var cursor = ByteCursor(bytes)
@@ -91,6 +99,16 @@ public struct TemperatureMeasurementParser: GATTCharacteristicParser {
     init(uuid: UInt16, name: String) {
         uuids = [BluetoothUUID(uuid)]
         self.name = name
+    }
+
+    /// `temperature_f` (Fahrenheit devices only), `temperature_c`, `timestamp` (+ `timestamp_fields` when a part is
+    /// not known), `temperature_type` (+ `_name`).
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .measurement("temperature_f", "°F", "temperature"), .measurement("temperature_c", "°C", "temperature"),
+            .text("timestamp"), .structured("timestamp_fields"), .plain("temperature_type"),
+            .text("temperature_type_name"),
+        ]
     }
 
     /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).

@@ -24,11 +24,13 @@ public struct ScalarCharacteristicParser: GATTCharacteristicParser {
     public let saturatedAt: Int64?
     /// Names for enumerations; adds `<field>_name`.
     let names: EnumNames?
+    /// The value field's unit and Home Assistant classes.
+    let declared: GATTFieldDescriptor
 
     init(
         uuid: UInt16, name: String, field: String, width: Int, signed: Bool = false, decimalExponent: Int = 0,
         notKnown: Int64? = nil, validRange: ClosedRange<Int64>? = nil, saturatedAt: Int64? = nil,
-        names: EnumNames? = nil
+        names: EnumNames? = nil, unit: String? = nil, deviceClass: String? = nil, stateClass: String? = nil
     ) {
         uuids = [BluetoothUUID(uuid)]
         self.name = name
@@ -40,6 +42,15 @@ public struct ScalarCharacteristicParser: GATTCharacteristicParser {
         self.validRange = validRange
         self.saturatedAt = saturatedAt
         self.names = names
+        declared = GATTFieldDescriptor(field, unit: unit, deviceClass: deviceClass, stateClass: stateClass)
+    }
+
+    /// The value field, then `<field>_saturated` and `<field>_name` where the characteristic has them.
+    public var fields: [GATTFieldDescriptor] {
+        var fields = [declared]
+        if saturatedAt != nil { fields.append(.boolean("\(field)_saturated")) }
+        if names != nil { fields.append(.text("\(field)_name")) }
+        return fields
     }
 
     /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
@@ -102,11 +113,22 @@ public struct ConcentrationCharacteristicParser: GATTCharacteristicParser {
     public let name: String
     /// The field stem (`pm25`).
     public let base: String
+    /// The Home Assistant device class of `<base>_ug_m3`, when Home Assistant has one for the gas.
+    let deviceClass: String?
 
-    init(uuid: UInt16, name: String, base: String) {
+    init(uuid: UInt16, name: String, base: String, deviceClass: String? = nil) {
         uuids = [BluetoothUUID(uuid)]
         self.name = name
         self.base = base
+        self.deviceClass = deviceClass
+    }
+
+    /// `<base>_kg_m3` (SI) and `<base>_ug_m3` (µg/m³, with the gas's device class).
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .measurement("\(base)_kg_m3", "kg/m³"),
+            .measurement("\(base)_ug_m3", "\(GATTHomeAssistant.microSign)g/m³", deviceClass),
+        ]
     }
 
     /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
@@ -143,6 +165,11 @@ public struct AppearanceParser: GATTCharacteristicParser {
     public let uuids = [BluetoothUUID(UInt16(0x2A01))]
     /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "appearance"
+
+    /// `appearance`, `appearance_category`, `appearance_subcategory`: codes.
+    public var fields: [GATTFieldDescriptor] {
+        [.plain("appearance"), .plain("appearance_category"), .plain("appearance_subcategory")]
+    }
 
     /// Creates the parser.
     public init() {}
@@ -196,55 +223,69 @@ extension ScalarCharacteristicParser {
             uuid: 0x2A1D, name: "temperature_type", field: "temperature_type", width: 1,
             names: temperatureTypeNames),
         ScalarCharacteristicParser(
-            uuid: 0x2A19, name: "battery_level", field: "battery_pct", width: 1, validRange: 0...100),
+            uuid: 0x2A19, name: "battery_level", field: "battery_pct", width: 1, validRange: 0...100, unit: "%",
+            deviceClass: "battery", stateClass: "measurement"),
         // Environmental Sensing (GSS: M = 1, d = the decimal exponent).
         ScalarCharacteristicParser(
             uuid: 0x2A6E, name: "temperature", field: "temperature_c", width: 2, signed: true, decimalExponent: -2,
-            notKnown: -0x8000),
+            notKnown: -0x8000, unit: "°C", deviceClass: "temperature", stateClass: "measurement"),
         ScalarCharacteristicParser(
-            uuid: 0x2A6F, name: "humidity", field: "humidity_pct", width: 2, decimalExponent: -2, notKnown: 0xFFFF),
+            uuid: 0x2A6F, name: "humidity", field: "humidity_pct", width: 2, decimalExponent: -2, notKnown: 0xFFFF,
+            unit: "%", deviceClass: "humidity", stateClass: "measurement"),
         ScalarCharacteristicParser(
-            uuid: 0x2A6D, name: "pressure", field: "pressure_pa", width: 4, decimalExponent: -1),
+            uuid: 0x2A6D, name: "pressure", field: "pressure_pa", width: 4, decimalExponent: -1, unit: "Pa",
+            deviceClass: "pressure", stateClass: "measurement"),
         ScalarCharacteristicParser(
-            uuid: 0x2A6C, name: "elevation", field: "elevation_m", width: 3, signed: true, decimalExponent: -2),
-        ScalarCharacteristicParser(uuid: 0x2A76, name: "uv_index", field: "uv_index", width: 1),
+            uuid: 0x2A6C, name: "elevation", field: "elevation_m", width: 3, signed: true, decimalExponent: -2,
+            unit: "m", deviceClass: "distance", stateClass: "measurement"),
+        ScalarCharacteristicParser(
+            uuid: 0x2A76, name: "uv_index", field: "uv_index", width: 1, unit: "UV index", stateClass: "measurement"),
         ScalarCharacteristicParser(
             uuid: 0x2AFB, name: "illuminance", field: "illuminance_lx", width: 3, decimalExponent: -2,
-            notKnown: 0xFF_FFFF),
+            notKnown: 0xFF_FFFF, unit: "lx", deviceClass: "illuminance", stateClass: "measurement"),
         ScalarCharacteristicParser(
             uuid: 0x2B8C, name: "co2_concentration", field: "co2_ppm", width: 2, notKnown: 0xFFFF,
-            saturatedAt: 0xFFFE),
+            saturatedAt: 0xFFFE, unit: "ppm", deviceClass: "carbon_dioxide", stateClass: "measurement"),
         ScalarCharacteristicParser(
             uuid: 0x2BE7, name: "voc_concentration", field: "voc_ppb", width: 2, notKnown: 0xFFFF,
-            saturatedAt: 0xFFFE),
+            saturatedAt: 0xFFFE, unit: "ppb", deviceClass: "volatile_organic_compounds_parts", stateClass: "measurement"
+        ),
         ScalarCharacteristicParser(
-            uuid: 0x2A7B, name: "dew_point", field: "dew_point_c", width: 1, signed: true),
+            uuid: 0x2A7B, name: "dew_point", field: "dew_point_c", width: 1, signed: true, unit: "°C",
+            deviceClass: "temperature", stateClass: "measurement"),
         ScalarCharacteristicParser(
-            uuid: 0x2A7A, name: "heat_index", field: "heat_index_c", width: 1, signed: true),
+            uuid: 0x2A7A, name: "heat_index", field: "heat_index_c", width: 1, signed: true, unit: "°C",
+            deviceClass: "temperature", stateClass: "measurement"),
         ScalarCharacteristicParser(
-            uuid: 0x2A79, name: "wind_chill", field: "wind_chill_c", width: 1, signed: true),
+            uuid: 0x2A79, name: "wind_chill", field: "wind_chill_c", width: 1, signed: true, unit: "°C",
+            deviceClass: "temperature", stateClass: "measurement"),
         ScalarCharacteristicParser(
-            uuid: 0x2A70, name: "true_wind_speed", field: "true_wind_speed_m_s", width: 2, decimalExponent: -2),
+            uuid: 0x2A70, name: "true_wind_speed", field: "true_wind_speed_m_s", width: 2, decimalExponent: -2,
+            unit: "m/s", deviceClass: "wind_speed", stateClass: "measurement"),
         ScalarCharacteristicParser(
             uuid: 0x2A71, name: "true_wind_direction", field: "true_wind_direction_deg", width: 2,
-            decimalExponent: -2),
+            decimalExponent: -2, unit: "°", deviceClass: "wind_direction"),
         ScalarCharacteristicParser(
             uuid: 0x2A72, name: "apparent_wind_speed", field: "apparent_wind_speed_m_s", width: 2,
-            decimalExponent: -2),
+            decimalExponent: -2, unit: "m/s", deviceClass: "wind_speed", stateClass: "measurement"),
         ScalarCharacteristicParser(
             uuid: 0x2A73, name: "apparent_wind_direction", field: "apparent_wind_direction_deg", width: 2,
-            decimalExponent: -2),
+            decimalExponent: -2, unit: "°", deviceClass: "wind_direction"),
         ScalarCharacteristicParser(
-            uuid: 0x2A74, name: "gust_factor", field: "gust_factor", width: 1, decimalExponent: -1),
+            uuid: 0x2A74, name: "gust_factor", field: "gust_factor", width: 1, decimalExponent: -1,
+            stateClass: "measurement"),
         ScalarCharacteristicParser(
-            uuid: 0x2A75, name: "pollen_concentration", field: "pollen_concentration_per_m3", width: 3),
+            uuid: 0x2A75, name: "pollen_concentration", field: "pollen_concentration_per_m3", width: 3, unit: "p/m³",
+            stateClass: "measurement"),
         ScalarCharacteristicParser(
-            uuid: 0x2A77, name: "irradiance", field: "irradiance_w_m2", width: 2, decimalExponent: -1),
+            uuid: 0x2A77, name: "irradiance", field: "irradiance_w_m2", width: 2, decimalExponent: -1, unit: "W/m²",
+            deviceClass: "irradiance", stateClass: "measurement"),
         ScalarCharacteristicParser(
-            uuid: 0x2A78, name: "rainfall", field: "rainfall_m", width: 2, decimalExponent: -3),
+            uuid: 0x2A78, name: "rainfall", field: "rainfall_m", width: 2, decimalExponent: -3, unit: "m",
+            deviceClass: "distance", stateClass: "measurement"),
         ScalarCharacteristicParser(
             uuid: 0x2A2C, name: "magnetic_declination", field: "magnetic_declination_deg", width: 2,
-            decimalExponent: -2),
+            decimalExponent: -2, unit: "°", stateClass: "measurement"),
         ScalarCharacteristicParser(
             uuid: 0x2AA3, name: "barometric_pressure_trend", field: "barometric_pressure_trend", width: 1,
             names: barometricPressureTrendNames),
@@ -257,12 +298,15 @@ extension ConcentrationCharacteristicParser {
         ConcentrationCharacteristicParser(uuid: 0x2BCF, name: "ammonia_concentration", base: "ammonia"),
         ConcentrationCharacteristicParser(uuid: 0x2BD0, name: "carbon_monoxide_concentration", base: "co"),
         ConcentrationCharacteristicParser(uuid: 0x2BD1, name: "methane_concentration", base: "methane"),
-        ConcentrationCharacteristicParser(uuid: 0x2BD2, name: "nitrogen_dioxide_concentration", base: "no2"),
-        ConcentrationCharacteristicParser(uuid: 0x2BD3, name: "nmvoc_concentration", base: "nmvoc"),
-        ConcentrationCharacteristicParser(uuid: 0x2BD4, name: "ozone_concentration", base: "o3"),
-        ConcentrationCharacteristicParser(uuid: 0x2BD5, name: "pm1_concentration", base: "pm1"),
-        ConcentrationCharacteristicParser(uuid: 0x2BD6, name: "pm25_concentration", base: "pm25"),
-        ConcentrationCharacteristicParser(uuid: 0x2BD7, name: "pm10_concentration", base: "pm10"),
-        ConcentrationCharacteristicParser(uuid: 0x2BD8, name: "sulfur_dioxide_concentration", base: "so2"),
+        ConcentrationCharacteristicParser(
+            uuid: 0x2BD2, name: "nitrogen_dioxide_concentration", base: "no2", deviceClass: "nitrogen_dioxide"),
+        ConcentrationCharacteristicParser(
+            uuid: 0x2BD3, name: "nmvoc_concentration", base: "nmvoc", deviceClass: "volatile_organic_compounds"),
+        ConcentrationCharacteristicParser(uuid: 0x2BD4, name: "ozone_concentration", base: "o3", deviceClass: "ozone"),
+        ConcentrationCharacteristicParser(uuid: 0x2BD5, name: "pm1_concentration", base: "pm1", deviceClass: "pm1"),
+        ConcentrationCharacteristicParser(uuid: 0x2BD6, name: "pm25_concentration", base: "pm25", deviceClass: "pm25"),
+        ConcentrationCharacteristicParser(uuid: 0x2BD7, name: "pm10_concentration", base: "pm10", deviceClass: "pm10"),
+        ConcentrationCharacteristicParser(
+            uuid: 0x2BD8, name: "sulfur_dioxide_concentration", base: "so2", deviceClass: "sulphur_dioxide"),
     ]
 }

@@ -7,6 +7,9 @@ public struct DateTimeParser: GATTCharacteristicParser {
     /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "date_time"
 
+    /// `timestamp` (ISO 8601 without a zone), `timestamp_fields` when a part is not known.
+    public var fields: [GATTFieldDescriptor] { [.text("timestamp"), .structured("timestamp_fields")] }
+
     /// Creates the parser.
     public init() {}
 
@@ -34,6 +37,14 @@ public struct CurrentTimeParser: GATTCharacteristicParser {
     public let uuids = [BluetoothUUID(UInt16(0x2A2B))]
     /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "current_time"
+
+    /// `timestamp` (+ `timestamp_fields`), `day_of_week`, `fractions256`, `adjust_reason`.
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .text("timestamp"), .structured("timestamp_fields"), .plain("day_of_week"), .plain("fractions256"),
+            .plain("adjust_reason"),
+        ]
+    }
 
     /// Creates the parser.
     public init() {}
@@ -82,6 +93,9 @@ public struct StringCharacteristicParser: GATTCharacteristicParser {
         self.field = field ?? name
     }
 
+    /// The string field.
+    public var fields: [GATTFieldDescriptor] { [.text(field)] }
+
     /// Decodes one value; throws on a payload that must be rejected (SPEC.md §5).
     public func decode(_ bytes: [UInt8], context: GATTDecodeContext) throws(GATTParseError) -> GATTReading {
         GATTReading([GATTField(field, .string(decodeUTF8(bytes[...])))])
@@ -113,6 +127,11 @@ public struct PnPIDParser: GATTCharacteristicParser {
     public let uuids = [BluetoothUUID(UInt16(0x2A50))]
     /// The parser's snake_case name, usable on the command line in place of the UUID.
     public let name = "pnp_id"
+
+    /// `vendor_id_source`, `vendor_id`, `product_id`, `product_version`: identifiers.
+    public var fields: [GATTFieldDescriptor] {
+        [.plain("vendor_id_source"), .plain("vendor_id"), .plain("product_id"), .plain("product_version")]
+    }
 
     /// Creates the parser.
     public init() {}
