@@ -7,7 +7,13 @@
 //   -> MQTT (Swift over libmosquitto)
 //   -> GATT (pure Swift parsers, no C, no I/O); GATTCrypto (AES-CCM from libcrypto, injected into GATT)
 //   -> YAML (libyaml -> a plain value tree with key paths)
-//   -> BlueZSimulator (a bluetoothd look-alike over DBus), BridgeTools (the CLI subcommands)
+//   Logging (one logger for every layer) sits below all of them.
+//   -> BlueZSimulator (a bluetoothd look-alike over DBus)
+//   -> BridgeKit (what the tools and the daemon share: arguments, exit codes, finding devices, decoding, JSON)
+//   -> BridgeCore (the bridge's policy: config, device sessions, topics, commands, discovery; no BlueZ, no MQTT,
+//      no C: it talks to BLE and MQTT only through protocols it owns)
+//   -> BridgeAdapters (those protocols over BlueZ and MQTT)
+//   -> BridgeTools (the CLI subcommands), BridgeDaemon (`run`, `check-config`)
 //   -> executables: blebridge, bluez-sim, benchmarks
 import PackageDescription
 
@@ -26,17 +32,22 @@ let package = Package(
         .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
 
         // Swift layers.
+        .target(name: "Logging"),
         .target(name: "DBus", dependencies: ["CDBus"]),
-        .target(name: "BlueZ", dependencies: ["DBus"]),
-        .target(name: "MQTT", dependencies: ["CMosquitto"]),
+        .target(name: "BlueZ", dependencies: ["DBus", "Logging"]),
+        .target(name: "MQTT", dependencies: ["CMosquitto", "Logging"]),
         .target(name: "GATT"),
         .target(name: "GATTCrypto", dependencies: ["GATT", "CCrypto"]),
         .target(name: "YAML", dependencies: ["CYAML"]),
         .target(name: "BlueZSimulator", dependencies: ["DBus", "YAML"]),
-        .target(name: "BridgeTools", dependencies: ["BlueZ", "GATT", "GATTCrypto"]),
+        .target(name: "BridgeKit", dependencies: ["BlueZ", "GATT", "GATTCrypto", "Logging"]),
+        .target(name: "BridgeCore", dependencies: ["GATT", "YAML", "Logging"]),
+        .target(name: "BridgeAdapters", dependencies: ["BridgeCore", "BridgeKit", "BlueZ", "MQTT", "GATT", "Logging"]),
+        .target(name: "BridgeTools", dependencies: ["BridgeKit", "BlueZ", "GATT", "GATTCrypto"]),
+        .target(name: "BridgeDaemon", dependencies: ["BridgeAdapters", "BridgeCore", "BridgeKit", "GATTCrypto", "Logging"]),
 
         // Executables: wiring only.
-        .executableTarget(name: "blebridge", dependencies: ["BridgeTools"]),
+        .executableTarget(name: "blebridge", dependencies: ["BridgeTools", "BridgeDaemon", "BridgeKit", "BridgeCore"]),
         .executableTarget(name: "bluez-sim", dependencies: ["BlueZSimulator", "DBus"]),
         .executableTarget(name: "bench-gatt", dependencies: ["GATT", "GATTCrypto"]),
         .executableTarget(name: "bench-mqtt", dependencies: ["MQTT"]),
@@ -51,6 +62,7 @@ let package = Package(
         .testTarget(name: "MQTTTests", dependencies: ["MQTT", "TestSupport"]),
         .testTarget(name: "GATTTests", dependencies: ["GATT", "GATTCrypto", "TestSupport"]),
         .testTarget(name: "CLITests", dependencies: ["TestSupport"]),
+        .testTarget(name: "BridgeCoreTests", dependencies: ["BridgeCore", "GATT", "YAML", "Logging"]),
     ],
     swiftLanguageModes: [.v6]
 )

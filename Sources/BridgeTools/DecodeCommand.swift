@@ -4,6 +4,7 @@
 //   a payload that must be rejected -> nothing on stdout, one line on stderr naming the parser and offset, exit 65
 //   unknown UUID or company -> {"raw": "<hex>"}, exit 0
 //   bad usage -> usage text on stderr, exit 64
+import BridgeKit
 import GATT
 import GATTCrypto
 

@@ -1,4 +1,5 @@
 // `blebridge explore`: connect and print the GATT tree with current values, decoded where a parser exists.
+import BridgeKit
 import BlueZ
 import GATT
 

@@ -1,4 +1,5 @@
 // `blebridge notify`: subscribe and print each notification decoded as it arrives.
+import BridgeKit
 import BlueZ
 import GATT
 

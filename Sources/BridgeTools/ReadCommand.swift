@@ -1,4 +1,5 @@
 // `blebridge read`: read one characteristic and print it decoded.
+import BridgeKit
 import BlueZ
 import GATT
 

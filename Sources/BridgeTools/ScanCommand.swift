@@ -1,4 +1,5 @@
 // `blebridge scan`: nearby devices with their advertisement fields, decoded where a parser exists.
+import BridgeKit
 import BlueZ
 import GATT
 

@@ -1,4 +1,5 @@
 // `blebridge write`: write hex bytes to a characteristic.
+import BridgeKit
 import BlueZ
 import GATT
 

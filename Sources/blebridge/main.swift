@@ -1,9 +1,18 @@
-// blebridge: wiring only; every subcommand lives in BridgeTools.
+// blebridge: wiring only. The tools live in BridgeTools, the daemon in BridgeDaemon; this table joins them.
+import BridgeCore
+import BridgeDaemon
+import BridgeKit
 import BridgeTools
 
 #if canImport(Glibc)
     import Glibc
 #endif
 
-let status = await BridgeCLI.main(Array(CommandLine.arguments.dropFirst()))
+// libmosquitto writes to its socket with plain write(2): a broker that drops the connection mid-write must not kill
+// the process with SIGPIPE.
+signal(SIGPIPE, SIG_IGN)
+
+let dispatcher = CommandLineDispatcher(
+    commands: BridgeDaemonCommands.all + BridgeToolCommands.all, version: BridgeVersion.current)
+let status = await dispatcher.main(Array(CommandLine.arguments.dropFirst()))
 exit(status)

@@ -1,4 +1,4 @@
-// The `blebridge` command line: a table of subcommands. Each subcommand lives in its own file.
+// The `blebridge` command line plumbing: exit codes, the subcommand protocol, output helpers and the dispatcher.
 #if canImport(Glibc)
     import Glibc
 #endif
@@ -17,6 +17,8 @@ public enum ExitCode {
     public static let notPermitted: Int32 = 77
     /// Any other failure.
     public static let failure: Int32 = 1
+    /// The configuration file is invalid (sysexits.h EX_CONFIG).
+    public static let configError: Int32 = 78
 }
 
 /// One `blebridge` subcommand.
@@ -45,20 +47,30 @@ public func writeErr(_ line: String) {
     _ = text.withCString { write(2, $0, strlen($0)) }
 }
 
-/// Dispatches `blebridge SUBCOMMAND ...`.
-public enum BridgeCLI {
+/// Dispatches `blebridge SUBCOMMAND ...` over a table of subcommands (the executable supplies the table, so neither
+/// the tools nor the daemon import each other's commands).
+public struct CommandLineDispatcher: Sendable {
     /// Every subcommand, in the order `--help` lists them.
-    public static let commands: [any CLICommand.Type] = [
-        DecodeCommand.self,
-        // scan, explore, read, write, notify (BlueZ)
-        ScanCommand.self, ExploreCommand.self, ReadCommand.self, WriteCommand.self, NotifyCommand.self,
-    ]
+    public let commands: [any CLICommand.Type]
+
+    /// The version `--version` prints.
+    public let version: String
+
+    /// A dispatcher over `commands`.
+    public init(commands: [any CLICommand.Type], version: String) {
+        self.commands = commands
+        self.version = version
+    }
 
     /// Runs the command line (without the program name) and returns the exit code.
-    public static func main(_ arguments: [String]) async -> Int32 {
+    public func main(_ arguments: [String]) async -> Int32 {
         guard let first = arguments.first, first != "--help", first != "-h", first != "help" else {
             writeOut(helpText)
             return arguments.isEmpty ? ExitCode.usage : ExitCode.success
+        }
+        if first == "--version" || first == "version" {
+            writeOut("blebridge \(version)")
+            return ExitCode.success
         }
         guard let command = commands.first(where: { $0.name == first }) else {
             writeErr("blebridge: unknown command '\(first)'\n\n\(helpText)")
@@ -72,13 +84,13 @@ public enum BridgeCLI {
         return await command.run(rest)
     }
 
-    static var helpText: String {
+    var helpText: String {
         var text = "usage: blebridge COMMAND [OPTIONS]\n\ncommands:\n"
         for command in commands {
-            let pad = String(repeating: " ", count: max(1, 10 - command.name.count))
+            let pad = String(repeating: " ", count: max(1, 13 - command.name.count))
             text += "  \(command.name)\(pad)\(command.summary)\n"
         }
-        text += "\nRun 'blebridge COMMAND --help' for a command's options."
+        text += "\nRun 'blebridge COMMAND --help' for a command's options; 'blebridge --version' for the version."
         return text
     }
 }

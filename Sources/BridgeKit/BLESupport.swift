@@ -1,5 +1,5 @@
-// Shared pieces of the BLE subcommands (scan, explore, read, write, notify): argument parsing, opening the client and
-// adapter, finding the device (scanning for it when BlueZ does not know it), resolving CHAR, decoding, JSON.
+// What the command-line tools and the daemon share: argument parsing, opening the client and adapter, finding the
+// device (scanning for it when BlueZ does not know it), resolving CHAR, decoding, JSON, signal handling.
 import BlueZ
 import Dispatch
 import GATT
@@ -9,16 +9,16 @@ import GATT
 #endif
 
 /// A failure that ends a command: the message for stderr and the exit code.
-struct BLEFailure: Error {
-    var message: String
-    var code: Int32
+public struct BLEFailure: Error {
+    public var message: String
+    public var code: Int32
 
-    init(_ message: String, code: Int32) {
+    public init(_ message: String, code: Int32) {
         self.message = message
         self.code = code
     }
 
-    init(_ error: BlueZError) {
+    public init(_ error: BlueZError) {
         message = error.description
         switch error {
         case .notPermitted: code = ExitCode.notPermitted
@@ -29,7 +29,7 @@ struct BLEFailure: Error {
     }
 
     /// Any error: a `BlueZError` or `BLEFailure` keeps its meaning, anything else is a plain failure.
-    init(_ error: any Error) {
+    public init(_ error: any Error) {
         if let e = error as? BLEFailure {
             self = e
         } else if let e = error as? BlueZError {
@@ -39,17 +39,17 @@ struct BLEFailure: Error {
         }
     }
 
-    static func usage(_ message: String) -> BLEFailure { BLEFailure(message, code: ExitCode.usage) }
+    public static func usage(_ message: String) -> BLEFailure { BLEFailure(message, code: ExitCode.usage) }
 }
 
 /// Parsed command-line arguments: positionals, options with values, and flags.
-struct BLEArguments {
-    var positional: [String] = []
-    var values: [String: [String]] = [:]
-    var flags: Set<String> = []
+public struct BLEArguments {
+    public var positional: [String] = []
+    public var values: [String: [String]] = [:]
+    public var flags: Set<String> = []
 
     /// Parses `arguments`; `valued` options take the next argument (or `--opt=value`), `flags` take none.
-    init(_ arguments: [String], valued: Set<String>, flags allowedFlags: Set<String>) throws(BLEFailure) {
+    public init(_ arguments: [String], valued: Set<String>, flags allowedFlags: Set<String>) throws(BLEFailure) {
         var i = 0
         while i < arguments.count {
             let arg = arguments[i]
@@ -88,14 +88,14 @@ struct BLEArguments {
     }
 
     /// The options that take seconds.
-    static let durationOptions = ["--timeout", "--scan-timeout", "--duration"]
+    public static let durationOptions = ["--timeout", "--scan-timeout", "--duration"]
 
-    func value(_ name: String) -> String? { values[name]?.last }
+    public func value(_ name: String) -> String? { values[name]?.last }
 
     /// The longest duration an option accepts: a year, far beyond any scan or connect, and well inside `Duration`.
-    static let maximumSeconds: Double = 31_536_000
+    public static let maximumSeconds: Double = 31_536_000
 
-    func seconds(_ name: String, default fallback: Double) throws(BLEFailure) -> Double {
+    public func seconds(_ name: String, default fallback: Double) throws(BLEFailure) -> Double {
         guard let text = value(name) else { return fallback }
         guard let v = Double(text), v >= 0, v <= Self.maximumSeconds else {
             throw .usage(
@@ -104,7 +104,7 @@ struct BLEArguments {
         return v
     }
 
-    func count(_ name: String) throws(BLEFailure) -> Int? {
+    public func count(_ name: String) throws(BLEFailure) -> Int? {
         guard let text = value(name) else { return nil }
         guard let v = Int(text), v > 0 else { throw .usage("option \(name): '\(text)' is not a positive count") }
         return v
@@ -112,10 +112,10 @@ struct BLEArguments {
 }
 
 /// Options every BLE subcommand accepts.
-enum BLECommon {
-    static let valued: Set<String> = ["--adapter", "--timeout", "--scan-timeout"]
-    static let flags: Set<String> = ["--verbose"]
-    static let usage = """
+public enum BLECommon {
+    public static let valued: Set<String> = ["--adapter", "--timeout", "--scan-timeout"]
+    public static let flags: Set<String> = ["--verbose"]
+    public static let usage = """
           --adapter hciN      adapter name or address (default: the first one)
           --timeout S         connect timeout in seconds (default 20)
           --scan-timeout S    how long to scan for a device BlueZ does not know yet (default 10)
@@ -124,14 +124,17 @@ enum BLECommon {
 }
 
 /// Log lines to stderr.
-struct StderrLogHandler: BlueZLogHandler {
-    func log(level: BlueZLogLevel, message: String, metadata: [String: String]) {
+public struct StderrLogHandler: BlueZLogHandler {
+    /// A handler.
+    public init() {}
+    /// Writes the line.
+    public func log(level: BlueZLogLevel, message: String, metadata: [String: String]) {
         writeErr("[\(level)] \(message)")
     }
 }
 
 /// Checks `ADDRESS` (six hex octets separated by ':').
-func parseAddress(_ text: String) throws(BLEFailure) -> String {
+public func parseAddress(_ text: String) throws(BLEFailure) -> String {
     let parts = text.split(separator: ":", omittingEmptySubsequences: false)
     // ASCII only: Character.isHexDigit also accepts fullwidth forms, which no device address contains.
     guard parts.count == 6, parts.allSatisfy({ $0.count == 2 && $0.allSatisfy { $0.isASCII && $0.isHexDigit } })
@@ -142,18 +145,18 @@ func parseAddress(_ text: String) throws(BLEFailure) -> String {
 }
 
 /// `value` seconds as a Duration, saturating instead of trapping on values no option accepts.
-func seconds(_ value: Double) -> Duration {
+public func seconds(_ value: Double) -> Duration {
     guard value.isFinite else { return value > 0 ? .seconds(Int64.max / 2) : .zero }
     return .milliseconds(Int64(max(-9e15, min(9e15, (value * 1000).rounded()))))
 }
 
 /// An open client and the adapter the command uses.
-struct BLESession {
-    let client: BlueZClient
-    let adapter: BlueZAdapter
+public struct BLESession {
+    public let client: BlueZClient
+    public let adapter: BlueZAdapter
 
     /// Connects to bluetoothd and picks a powered adapter (`--adapter`), or fails with a clear message.
-    static func open(_ args: BLEArguments) async throws(BLEFailure) -> BLESession {
+    public static func open(_ args: BLEArguments) async throws(BLEFailure) -> BLESession {
         let logger =
             args.flags.contains("--verbose")
             ? BlueZLogger(handler: StderrLogHandler(), level: .debug)
@@ -178,7 +181,7 @@ struct BLESession {
     }
 
     /// Scans until `address` advertises, then stops scanning and returns the device as BlueZ then has it.
-    func scan(for address: String, args: BLEArguments) async throws(BLEFailure) -> BlueZDevice {
+    public func scan(for address: String, args: BLEArguments) async throws(BLEFailure) -> BlueZDevice {
         let limit = try args.seconds("--scan-timeout", default: 10)
         do {
             let discovery = try await client.startDiscovery(
@@ -215,7 +218,7 @@ struct BLESession {
 
     /// Connects to the device with `address`. When BlueZ forgot a device it knew a moment ago (expired from its
     /// cache), scans for it once and tries again.
-    func connect(_ address: String, args: BLEArguments) async throws(BLEFailure) -> BlueZPeripheral {
+    public func connect(_ address: String, args: BLEArguments) async throws(BLEFailure) -> BlueZPeripheral {
         let known = client.device(address: address, on: adapter)
         let device: BlueZDevice
         if let known {
@@ -245,28 +248,28 @@ struct BLESession {
 }
 
 /// The failure for a device a scan saw that BlueZ dropped when the scan stopped (it is not connectable).
-func droppedAfterScan(_ device: BlueZDevice) -> BLEFailure {
+public func droppedAfterScan(_ device: BlueZDevice) -> BLEFailure {
     BLEFailure(
         "device \(device.label): BlueZ dropped it when scanning stopped, so it is not connectable "
             + "(it only broadcasts; 'blebridge scan' shows its advertisements)", code: ExitCode.unavailable)
 }
 
-func formatSeconds(_ value: Double) -> String {
+public func formatSeconds(_ value: Double) -> String {
     value == value.rounded() && abs(value) < 1e15 ? String(Int64(value)) : String(value)
 }
 
 /// The parser registry the tools decode with.
-func bleRegistry() -> GATTParserRegistry {
+public func bleRegistry() -> GATTParserRegistry {
     (try? GATTParserRegistry.builtIn()) ?? GATTParserRegistry()
 }
 
 /// `2A37` for SIG 16-bit UUIDs, the full form otherwise.
-func displayUUID(_ uuid: String) -> String {
+public func displayUUID(_ uuid: String) -> String {
     BluetoothUUID(uuid)?.description ?? uuid
 }
 
 /// Resolves CHAR: a UUID (16-, 32- or 128-bit) or a parser name (`heart_rate_measurement`).
-func resolveCharacteristic(_ spec: String, on peripheral: BlueZPeripheral, registry: GATTParserRegistry)
+public func resolveCharacteristic(_ spec: String, on peripheral: BlueZPeripheral, registry: GATTParserRegistry)
     throws(BLEFailure) -> BlueZCharacteristic
 {
     var candidates: [BluetoothUUID] = []
@@ -287,7 +290,7 @@ func resolveCharacteristic(_ spec: String, on peripheral: BlueZPeripheral, regis
 }
 
 /// Decodes a characteristic value with the registry; `{"raw": ...}` when no parser exists.
-func decodeValue(_ uuid: String, _ bytes: [UInt8], registry: GATTParserRegistry, presentationFormat: [UInt8]? = nil)
+public func decodeValue(_ uuid: String, _ bytes: [UInt8], registry: GATTParserRegistry, presentationFormat: [UInt8]? = nil)
     -> (reading: GATTReading?, error: String?)
 {
     guard let id = BluetoothUUID(uuid) else { return (.raw(bytes), nil) }
@@ -299,12 +302,12 @@ func decodeValue(_ uuid: String, _ bytes: [UInt8], registry: GATTParserRegistry,
 }
 
 /// Lower-case hex.
-func hexBytes(_ bytes: [UInt8]) -> String { hexString(bytes) }
+public func hexBytes(_ bytes: [UInt8]) -> String { hexString(bytes) }
 
 // MARK: JSON
 
 /// A JSON value with ordered objects, written compactly.
-indirect enum BLEJSON {
+public indirect enum BLEJSON {
     case null
     case bool(Bool)
     case int(Int64)
@@ -315,13 +318,13 @@ indirect enum BLEJSON {
     /// Already-serialised JSON (a reading from the GATT target's encoder).
     case raw(String)
 
-    var text: String {
+    public var text: String {
         var out = ""
         write(into: &out)
         return out
     }
 
-    func write(into out: inout String) {
+    public func write(into out: inout String) {
         switch self {
         case .null: out += "null"
         case .raw(let text): out += text
@@ -355,12 +358,12 @@ indirect enum BLEJSON {
         }
     }
 
-    init(_ reading: GATTReading) {
+    public init(_ reading: GATTReading) {
         self = .raw(reading.jsonString)
     }
 }
 
-func jsonQuote(_ s: String, into out: inout String) {
+public func jsonQuote(_ s: String, into out: inout String) {
     out += "\""
     for scalar in s.unicodeScalars {
         switch scalar {
@@ -382,10 +385,10 @@ func jsonQuote(_ s: String, into out: inout String) {
 }
 
 /// A reading as one compact JSON line.
-func readingJSON(_ reading: GATTReading) -> String { reading.jsonString }
+public func readingJSON(_ reading: GATTReading) -> String { reading.jsonString }
 
 /// Runs a command body, printing its failure to stderr with the command's name.
-func runBLE(_ name: String, _ body: () async throws(BLEFailure) -> Int32) async -> Int32 {
+public func runBLE(_ name: String, _ body: () async throws(BLEFailure) -> Int32) async -> Int32 {
     do {
         return try await body()
     } catch {
@@ -396,14 +399,18 @@ func runBLE(_ name: String, _ body: () async throws(BLEFailure) -> Int32) async 
 
 /// Runs `body` as a child task that SIGINT or SIGTERM cancels, so a command can clean up (disconnect) before it
 /// exits instead of dying with the BLE connection still up.
-func cancellingOnInterrupt<T: Sendable>(_ body: @escaping @Sendable () async -> T) async -> T {
+public func cancellingOnInterrupt<T: Sendable>(_ body: @escaping @Sendable () async -> T) async -> T {
     let task = Task { await body() }
     let queue = DispatchQueue(label: "blebridge.signals")
     var sources: [any DispatchSourceSignal] = []
     for sig in [SIGINT, SIGTERM] {
         signal(sig, SIG_IGN)
         let source = DispatchSource.makeSignalSource(signal: sig, queue: queue)
-        source.setEventHandler { task.cancel() }
+        source.setEventHandler {
+            // The first signal asks for a clean stop; a second one (the operator insisting) ends the process now.
+            if task.isCancelled { exit(128 + sig) }
+            task.cancel()
+        }
         source.resume()
         sources.append(source)
     }

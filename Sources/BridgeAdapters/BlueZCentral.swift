@@ -1,0 +1,318 @@
+// BridgeCore's BLE ports over the BlueZ client: one discovery per adapter feeding advertisements, peripherals as
+// links, BlueZ errors classified for the core's retry policy.
+import BlueZ
+import BridgeCore
+import GATT
+import Logging
+import Synchronization
+
+/// `BLECentral` over bluetoothd.
+public final class BlueZCentral: BLECentral {
+    let client: BlueZClient
+    let logger: Logger
+    let state = Mutex(State())
+    let continuation: AsyncStream<BLECentralEvent>.Continuation
+    let stream: AsyncStream<BLECentralEvent>
+
+    struct State {
+        var discoveries: [String: (BlueZDiscovery, Task<Void, Never>)] = [:]
+        var request: BLEScanRequest?
+        var eventsTask: Task<Void, Never>?
+        var closed = false
+        var powered: [String: Bool] = [:]
+    }
+
+    /// A central on `bus` (the system bus, or `DBUS_SYSTEM_BUS_ADDRESS`).
+    /// - Throws: `BLEError` when the bus cannot be reached.
+    public init(bus: BlueZBus = .system, logger: Logger) throws(BLEError) {
+        self.logger = logger.labelled(component: "bluez")
+        do {
+            client = try BlueZClient(bus: bus, logger: self.logger)
+        } catch {
+            throw BlueZCentral.classify(error)
+        }
+        (stream, continuation) = AsyncStream<BLECentralEvent>.makeStream(bufferingPolicy: .bufferingNewest(65536))
+    }
+
+    /// True while bluetoothd is on the bus.
+    public var bluetoothdRunning: Bool { client.isBluetoothdRunning }
+
+    /// The events (one consumer).
+    public func events() -> AsyncStream<BLECentralEvent> { stream }
+
+    /// Connects to bluetoothd and reports adapters and daemon restarts from then on.
+    public func start() async throws(BLEError) -> [BLEAdapterInfo] {
+        do {
+            try await client.start()
+        } catch {
+            throw BlueZCentral.classify(error)
+        }
+        let events = client.events()
+        state.withLock { s in for a in client.adapters { s.powered[a.name] = a.powered } }
+        let task = Task { [weak self, continuation] in
+            for await event in events {
+                guard let self else { return }
+                switch event {
+                case .bluetoothdStarted: continuation.yield(.bluetoothdStarted)
+                case .bluetoothdStopped:
+                    self.state.withLock { $0.powered = [:] }
+                    self.dropDiscoveries()
+                    continuation.yield(.bluetoothdStopped)
+                case .adapterAdded(let a), .adapterChanged(let a):
+                    // Only a change of Powered matters here (Discovering flips with every scan start).
+                    let was = self.state.withLock { s -> Bool? in
+                        let was = s.powered[a.name]
+                        s.powered[a.name] = a.powered
+                        return was
+                    }
+                    if a.powered, was != true {
+                        continuation.yield(.adapterAdded(Self.info(a)))
+                    } else if !a.powered, was == true {
+                        self.dropDiscovery(a.name)
+                        continuation.yield(.adapterRemoved(a.name))
+                    }
+                case .adapterRemoved(let a):
+                    self.state.withLock { _ = $0.powered.removeValue(forKey: a.name) }
+                    self.dropDiscovery(a.name)
+                    continuation.yield(.adapterRemoved(a.name))
+                }
+            }
+        }
+        state.withLock { $0.eventsTask = task }
+        guard client.isBluetoothdRunning else {
+            throw BLEError(
+                .bluetoothdUnavailable,
+                message: "bluetoothd (org.bluez) is not running on the system bus; start bluetooth.service")
+        }
+        return adapters()
+    }
+
+    static func info(_ a: BlueZAdapter) -> BLEAdapterInfo {
+        BLEAdapterInfo(name: a.name, address: a.address, powered: a.powered)
+    }
+
+    /// The adapters now.
+    public func adapters() -> [BLEAdapterInfo] { client.adapters.map(Self.info) }
+
+    func dropDiscovery(_ name: String) {
+        let old = state.withLock { $0.discoveries.removeValue(forKey: name) }
+        old?.1.cancel()
+    }
+
+    func dropDiscoveries() {
+        let old = state.withLock { s -> [(BlueZDiscovery, Task<Void, Never>)] in
+            let all = Array(s.discoveries.values)
+            s.discoveries = [:]
+            return all
+        }
+        for (_, task) in old { task.cancel() }
+    }
+
+    /// Scans on every selected, powered adapter (replacing earlier scans).
+    public func startScanning(_ request: BLEScanRequest) async throws(BLEError) {
+        state.withLock { $0.request = request }
+        let selected = client.adapters.filter { a in
+            a.powered && (request.adapters.isEmpty || request.adapters.contains(a.name) || request.adapters.contains(a.address))
+        }
+        guard !selected.isEmpty else {
+            let names = request.adapters.isEmpty ? "any adapter" : request.adapters.joined(separator: ", ")
+            throw BLEError(.adapterUnavailable, message: "no powered adapter (\(names)); try 'bluetoothctl power on'")
+        }
+        let filter = BlueZDiscoveryFilter(
+            serviceUUIDs: request.serviceUUIDs.map(\.uuidString), duplicateData: request.duplicateData,
+            passive: request.passive)
+        var firstError: BLEError?
+        for adapter in selected {
+            let old = state.withLock { $0.discoveries.removeValue(forKey: adapter.name) }
+            if let old {
+                old.1.cancel()
+                await old.0.stop()
+            }
+            do {
+                let discovery = try await client.startDiscovery(on: adapter, filter: filter)
+                let name = adapter.name
+                let task = Task { [continuation] in
+                    for await event in discovery.events {
+                        switch event {
+                        case .appeared(let d), .updated(let d):
+                            if let adv = Self.advertisement(d, adapter: name) { continuation.yield(.advertisement(adv)) }
+                        case .lost(let d):
+                            if let a = BLEAddress(d.address) { continuation.yield(.deviceRemoved(a, adapter: name)) }
+                        }
+                    }
+                }
+                state.withLock { $0.discoveries[adapter.name] = (discovery, task) }
+            } catch {
+                logger.warning("cannot scan on \(adapter.name): \(error)")
+                firstError = firstError ?? Self.classify(error)
+            }
+        }
+        if state.withLock({ $0.discoveries.isEmpty }), let firstError { throw firstError }
+    }
+
+    static func advertisement(_ d: BlueZDevice, adapter: String) -> BLEAdvertisement? {
+        guard let address = BLEAddress(d.address) else { return nil }
+        var serviceData: [BluetoothUUID: [UInt8]] = [:]
+        for (k, v) in d.serviceData { if let u = BluetoothUUID(k) { serviceData[u] = v } }
+        return BLEAdvertisement(
+            address: address, adapter: adapter, name: d.name, rssi: d.rssi.map(Int.init),
+            txPower: d.txPower.map(Int.init), serviceUUIDs: d.uuids.compactMap(BluetoothUUID.init),
+            serviceData: serviceData, manufacturerData: d.manufacturerData)
+    }
+
+    /// Stops every scan.
+    public func stopScanning() async {
+        let all = state.withLock { s -> [(BlueZDiscovery, Task<Void, Never>)] in
+            let all = Array(s.discoveries.values)
+            s.discoveries = [:]
+            return all
+        }
+        for (discovery, task) in all {
+            task.cancel()
+            await discovery.stop()
+        }
+    }
+
+    /// Connects and resolves services; reads every 0x2904 presentation format descriptor.
+    public func connect(_ address: BLEAddress, adapter: String, timeout: Duration) async throws(BLEError)
+        -> any BLELink
+    {
+        let bluezAdapter = client.adapters.first { $0.name == adapter }
+        let peripheral: BlueZPeripheral
+        do {
+            peripheral = try await client.connect(
+                address: address.text, on: bluezAdapter, options: BlueZConnectOptions(timeout: timeout))
+        } catch {
+            throw Self.classify(error)
+        }
+        var characteristics: [BLECharacteristic] = []
+        let services = Dictionary(peripheral.services().map { ($0.path, $0.uuid) }) { a, _ in a }
+        for c in peripheral.characteristics() {
+            guard let uuid = BluetoothUUID(c.uuid) else { continue }
+            var format: [UInt8]?
+            if let d = peripheral.descriptors(of: c).first(where: { BluetoothUUID($0.uuid) == BluetoothUUID(UInt16(0x2904)) }) {
+                format = try? await peripheral.read(d)
+            }
+            let service = services[c.servicePath].flatMap(BluetoothUUID.init) ?? BluetoothUUID(UInt16(0))
+            characteristics.append(
+                BLECharacteristic(id: c.path, uuid: uuid, serviceUUID: service, flags: Set(c.flags), presentationFormat: format))
+        }
+        return BlueZLink(peripheral: peripheral, address: address, adapter: adapter, characteristics: characteristics)
+    }
+
+    /// Makes BlueZ forget the device.
+    public func removeDevice(_ address: BLEAddress, adapter: String) async throws(BLEError) {
+        guard let d = client.device(address: address.text, on: client.adapters.first { $0.name == adapter }) else {
+            throw BLEError(.notFound, message: "BlueZ does not know \(address)")
+        }
+        do {
+            try await client.removeDevice(d)
+        } catch {
+            throw Self.classify(error)
+        }
+    }
+
+    /// Stops scanning and closes the client.
+    public func close() async {
+        await stopScanning()
+        state.withLock { $0.eventsTask?.cancel() }
+        continuation.finish()
+        client.close()
+    }
+
+    /// The core's class of a BlueZ error.
+    static func classify(_ error: BlueZError) -> BLEError {
+        let name = error.dbusFailure?.name
+        let kind: BLEError.Kind
+        switch error {
+        case .bluetoothdUnavailable: kind = .bluetoothdUnavailable
+        case .busUnavailable: kind = .bluetoothdUnavailable
+        case .adapterUnavailable: kind = .adapterUnavailable
+        case .deviceNotFound: kind = .notFound
+        case .attributeNotFound: kind = .notSupported
+        case .notConnected: kind = .notConnected
+        case .connectionFailed(_, let reason, _):
+            kind = reason.contains("abort-by-local") ? .connectionAborted : .connectFailed
+        case .inProgress: kind = .connectFailed
+        case .notPermitted: kind = .notPermitted
+        case .notSupported: kind = .notSupported
+        case .timeout: kind = .timeout
+        case .disconnected: kind = .disconnected
+        case .failed(_, _, let f):
+            kind = f.message.contains("abort-by-local") ? .connectionAborted : .failed
+        case .invalidArgument: kind = .invalidArgument
+        default: kind = .failed
+        }
+        return BLEError(kind, name: name, message: error.description)
+    }
+}
+
+/// `BLELink` over a connected `BlueZPeripheral`.
+final class BlueZLink: BLELink {
+    let peripheral: BlueZPeripheral
+    let address: BLEAddress
+    let adapter: String
+    let characteristics: [BLECharacteristic]
+
+    init(peripheral: BlueZPeripheral, address: BLEAddress, adapter: String, characteristics: [BLECharacteristic]) {
+        self.peripheral = peripheral
+        self.address = address
+        self.adapter = adapter
+        self.characteristics = characteristics
+    }
+
+    func bluez(_ c: BLECharacteristic) throws(BLEError) -> BlueZCharacteristic {
+        guard let found = peripheral.characteristics().first(where: { $0.path == c.id }) else {
+            throw BLEError(.notSupported, message: "device \(address): characteristic \(c.uuid) is gone (services changed)")
+        }
+        return found
+    }
+
+    func read(_ characteristic: BLECharacteristic) async throws(BLEError) -> [UInt8] {
+        let c = try bluez(characteristic)
+        do {
+            return try await peripheral.read(c)
+        } catch {
+            throw BlueZCentral.classify(error)
+        }
+    }
+
+    func write(_ characteristic: BLECharacteristic, _ value: [UInt8], withResponse: Bool) async throws(BLEError) {
+        let c = try bluez(characteristic)
+        do {
+            try await peripheral.write(c, value, type: withResponse ? .request : .command)
+        } catch {
+            throw BlueZCentral.classify(error)
+        }
+    }
+
+    func notifications(_ characteristic: BLECharacteristic) async throws(BLEError) -> BLENotificationStream {
+        let c = try bluez(characteristic)
+        let values: BlueZNotifications
+        do {
+            values = try await peripheral.notifications(for: c)
+        } catch {
+            throw BlueZCentral.classify(error)
+        }
+        return BLENotificationStream { continuation in
+            let task = Task {
+                do {
+                    for try await value in values { continuation.yield(value) }
+                    continuation.finish()
+                } catch let error as BlueZError {
+                    continuation.finish(throwing: BlueZCentral.classify(error))
+                } catch {
+                    continuation.finish(throwing: error)
+                }
+            }
+            continuation.onTermination = { _ in task.cancel() }
+        }
+    }
+
+    func waitForDisconnection() async -> BLEDisconnection {
+        let reason = await peripheral.waitForDisconnection()
+        return BLEDisconnection(requested: reason.requested, reason: reason.description)
+    }
+
+    func disconnect() async { await peripheral.disconnect() }
+}

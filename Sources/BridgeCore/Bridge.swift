@@ -1,0 +1,540 @@
+// The bridge: BLE devices in, MQTT out, commands back. It owns its device sessions and returns from `run()` only
+// after shutting them down in order. All I/O goes through the ports in Ports.swift.
+import GATT
+import Logging
+import Synchronization
+
+/// The bridge engine.
+///
+/// Make it with a configuration and the ports, then `await run()`; cancel the task to shut down (devices are
+/// disconnected on purpose, availability goes offline, `bridge/state` goes offline). Safe to use from any task.
+public final class Bridge: Sendable {
+    let central: any BLECentral
+    let mqtt: any MQTTTransport
+    let clock: any BridgeClock
+    let logger: Logger
+    let gatewayName: String
+    let engine: Mutex<EngineState>
+    let started: Duration
+
+    struct EngineState {
+        var config: BridgeConfig
+        var topics: BridgeTopics
+        var devices: [String: DeviceRecord] = [:]
+        var byAddress: [BLEAddress: DeviceRecord] = [:]
+        var order: [String] = []
+        var slots: [String: Int] = [:]
+        var adapters: [BLEAdapterInfo] = []
+        var mqttConnected = false
+        var bluetoothdRunning = false
+        var scans: [UInt64: ScanCollector] = [:]
+        var nextScanID: UInt64 = 0
+        var shuttingDown = false
+        var counters = BridgeCounters()
+    }
+
+    /// Counters for `bridge/health` and metrics.
+    public struct BridgeCounters: Sendable, Equatable {
+        /// Notifications received.
+        public var notifications = 0
+        /// Advertisements received.
+        public var advertisements = 0
+        /// Values decoded.
+        public var decoded = 0
+        /// Values a parser rejected.
+        public var decodeErrors = 0
+        /// State messages published.
+        public var statePublishes = 0
+        /// Commands handled.
+        public var commands = 0
+        /// Reconnects by error name.
+        public var reconnects: [String: Int] = [:]
+    }
+
+    /// A bridge over `central` and `mqtt` with `config`.
+    ///
+    /// - Parameters:
+    ///   - gatewayName: names this bridge in Home Assistant (`via_device`) and `bridge/info` (the host name).
+    public init(
+        config: BridgeConfig, central: any BLECentral, mqtt: any MQTTTransport, clock: any BridgeClock,
+        logger: Logger, gatewayName: String = "blebridge"
+    ) {
+        self.central = central
+        self.mqtt = mqtt
+        self.clock = clock
+        self.logger = Bridge.forwarding(logger, to: mqtt, config: config).labelled(component: "bridge")
+        self.gatewayName = gatewayName
+        let topics = BridgeTopics(base: config.mqtt.baseTopic, discoveryPrefix: config.homeAssistant.prefix)
+        var state = EngineState(config: config, topics: topics)
+        for device in config.devices {
+            let record = DeviceRecord(id: device.id, config: device, address: device.match.address)
+            state.devices[device.id] = record
+            state.order.append(device.id)
+            if let a = device.match.address { state.byAddress[a] = record }
+        }
+        engine = Mutex(state)
+        started = clock.now
+    }
+
+    /// `logger`, plus warnings and errors (`logging.mqtt_level`) published on `bridge/logging`.
+    static func forwarding(_ logger: Logger, to mqtt: any MQTTTransport, config: BridgeConfig) -> Logger {
+        guard let minimum = LogLevel(name: config.logging.mqttLevel) else { return logger }
+        let topic = BridgeTopics(base: config.mqtt.baseTopic).bridgeLogging
+        let forward = ClosureLogHandler(minimum: minimum) { level, message, metadata in
+            var fields: [(String, JSONValue)] = [("level", .string(level.description)), ("message", .string(message))]
+            if let device = metadata["device"] { fields.append(("device", .string(device))) }
+            if let component = metadata["component"] { fields.append(("component", .string(component))) }
+            try? mqtt.publish(BridgeOutgoingMessage(topic: topic, payload: JSONValue.object(fields).bytes, qos: 0))
+        }
+        var copy = logger
+        var handlers: [any LogHandler] = [forward]
+        if let inner = logger.handler {
+            let level = logger.level
+            handlers.insert(ClosureLogHandler(minimum: level) { inner.log(level: $0, message: $1, metadata: $2) }, at: 0)
+        }
+        copy.handler = FanOutLogHandler(handlers)
+        copy.level = min(logger.level, minimum)
+        return copy
+    }
+
+    var config: BridgeConfig { engine.withLock { $0.config } }
+    var topics: BridgeTopics { engine.withLock { $0.topics } }
+
+    /// The counters so far.
+    public var counters: BridgeCounters { engine.withLock { $0.counters } }
+
+    func record(_ id: String) -> DeviceRecord? { engine.withLock { $0.devices[id] } }
+    var records: [DeviceRecord] { engine.withLock { s in s.order.compactMap { s.devices[$0] } } }
+
+    // MARK: Running
+
+    /// Runs until cancelled, then shuts down in order and returns.
+    public func run() async {
+        let log = logger
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.consumeMQTTStates() }
+            group.addTask { await self.consumeCommands() }
+            group.addTask { await self.subscribeCommands() }
+            group.addTask { await self.runBLE() }
+            group.addTask { await self.runTicker() }
+            // Wait for cancellation of the bridge's task.
+            await withTaskCancellationHandler {
+                await waitForever()
+            } onCancel: {}
+            log.info("shutting down")
+            group.cancelAll()
+        }
+        await shutdown()
+    }
+
+    func shutdown() async {
+        engine.withLock { $0.shuttingDown = true }
+        let all = records
+        var tasks: [Task<Void, Never>] = []
+        for r in all {
+            if let t = r.data.withLock({ $0.sessionTask }) {
+                t.cancel()
+                tasks.append(t)
+            }
+        }
+        // Sessions disconnect on purpose; a device that does not answer gets at most 5 s.
+        let (done, doneContinuation) = AsyncStream<Void>.makeStream()
+        let waiter = Task {
+            for t in tasks { await t.value }
+            doneContinuation.yield()
+        }
+        let timer = Task {
+            try? await Task.sleep(for: .seconds(5))
+            doneContinuation.yield()
+        }
+        for await _ in done { break }
+        waiter.cancel()
+        timer.cancel()
+        for r in all where r.data.withLock({ $0.online != nil }) { setAvailability(r, online: false, force: true) }
+        await central.stopScanning()
+        publish(topics.bridgeState, JSONValue.object([("state", .string("offline"))]).bytes, qos: 1, retain: true)
+        logger.info("stopped: \(all.count) devices disconnected, bridge offline")
+    }
+
+    // MARK: BLE side
+
+    func runBLE() async {
+        let events = central.events()
+        do {
+            let adapters = try await central.start()
+            engine.withLock {
+                $0.adapters = adapters
+                $0.bluetoothdRunning = true
+            }
+            logStartup(adapters)
+            await startScanning()
+        } catch {
+            logger.error("BLE: \(error.message); waiting for bluetoothd")
+        }
+        // Poll devices start now; connected ones when they are first seen advertising.
+        for r in records where r.config.mode == .poll { ensureSession(r) }
+        publishDevices()
+        for await event in events {
+            if Task.isCancelled { break }
+            handle(event)
+        }
+    }
+
+    func logStartup(_ adapters: [BLEAdapterInfo]) {
+        let c = config
+        let modes = Dictionary(grouping: c.devices, by: \.mode).map { "\($0.value.count) \($0.key.rawValue)" }
+            .sorted().joined(separator: ", ")
+        logger.info(
+            "blebridge \(gatewayName): \(c.devices.count) devices configured (\(modes.isEmpty ? "none" : modes)); "
+                + "adapters: \(adapters.map { "\($0.name) (\($0.address)\($0.powered ? "" : ", off"))" }.joined(separator: ", ")); "
+                + "MQTT \(c.mqtt.url) base topic '\(c.mqtt.baseTopic)'; Home Assistant discovery "
+                + (c.homeAssistant.enabled ? "on (\(c.homeAssistant.prefix))" : "off"))
+    }
+
+    func startScanning() async {
+        let c = config
+        let request = BLEScanRequest(
+            serviceUUIDs: c.scanServiceUUIDs, passive: c.bluetooth.passive, duplicateData: c.bluetooth.duplicateData,
+            adapters: c.bluetooth.adapters)
+        do {
+            try await central.startScanning(request)
+            logger.info(
+                "scanning"
+                    + (request.serviceUUIDs.isEmpty
+                        ? " for every advertiser" : " for \(request.serviceUUIDs.map(\.description).joined(separator: ", "))")
+                    + (request.passive ? " (passive)" : ""))
+        } catch {
+            logger.error("cannot scan: \(error.message); retrying when the adapter comes back")
+        }
+    }
+
+    func handle(_ event: BLECentralEvent) {
+        switch event {
+        case .advertisement(let adv):
+            handleAdvertisement(adv)
+        case .deviceRemoved(let address, _):
+            guard let r = engine.withLock({ $0.byAddress[address] }) else { return }
+            logger.debug("BlueZ forgot \(address)", ["device": r.id])
+        case .adapterAdded(let a):
+            engine.withLock { s in
+                s.adapters.removeAll { $0.name == a.name }
+                s.adapters.append(a)
+            }
+            logger.info("adapter \(a.name) (\(a.address)) available")
+            Task { await self.startScanning() }
+            for r in records { r.wakeSession() }
+            publishInfo()
+        case .adapterRemoved(let name):
+            engine.withLock { $0.adapters.removeAll { $0.name == name } }
+            logger.warning("adapter \(name) went away; its devices reconnect when it (or another) is back")
+            publishInfo()
+        case .bluetoothdStarted:
+            engine.withLock { $0.bluetoothdRunning = true }
+            logger.info("bluetoothd is back; scanning again and reconnecting devices")
+            Task {
+                let adapters = self.central.adapters()
+                self.engine.withLock { $0.adapters = adapters }
+                await self.startScanning()
+                for r in self.records { r.wakeSession() }
+            }
+        case .bluetoothdStopped:
+            engine.withLock {
+                $0.bluetoothdRunning = false
+                $0.adapters = []
+            }
+            logger.warning("bluetoothd left the bus; devices reconnect when it is back")
+        }
+    }
+
+    func handleAdvertisement(_ adv: BLEAdvertisement) {
+        let now = clock.now
+        let wall = clock.wallClock
+        engine.withLock { s in
+            s.counters.advertisements += 1
+            for collector in s.scans.values { collector.add(adv) }
+        }
+        guard let r = resolveDevice(for: adv) else { return }
+        let c = r.config
+        var appeared = false
+        let (changed, wasOnline) = r.data.withLock { d -> ([(AdvertisementSource, [UInt8])], Bool?) in
+            if d.address == nil { d.address = adv.address }
+            if let name = adv.name { d.advertisedName = name }
+            if let rssi = adv.rssi {
+                d.rssi = rssi
+                d.rssiByAdapter[adv.adapter] = (rssi, now)
+            }
+            if let last = d.lastAdvert {
+                let gap = (now - last).seconds
+                if gap > 0.005 {
+                    d.advertInterval = d.advertInterval.map { $0 * 0.8 + gap * 0.2 } ?? gap
+                }
+            }
+            d.lastAdvert = now
+            d.lastSeen = now
+            d.lastSeenWall = wall
+            if d.session == .idle {
+                d.session = .discovered
+                appeared = true
+            }
+            var changed: [(AdvertisementSource, [UInt8])] = []
+            for (uuid, payload) in adv.serviceData where d.lastPayloads[.serviceData(uuid)] != payload {
+                changed.append((.serviceData(uuid), payload))
+                d.lastPayloads[.serviceData(uuid)] = payload
+            }
+            for (company, payload) in adv.manufacturerData where d.lastPayloads[.manufacturer(company)] != payload {
+                changed.append((.manufacturer(company), payload))
+                d.lastPayloads[.manufacturer(company)] = payload
+            }
+            return (changed, d.online)
+        }
+        if appeared {
+            logger.info("appeared: \(adv.address)\(adv.name.map { " \"\($0)\"" } ?? "") on \(adv.adapter)", ["device": r.id])
+            publishEvent("appeared", r)
+        }
+        // Advertisement data is decoded for every device: passive ones live on it, others may carry a battery level.
+        var decodedAny = false
+        for (source, payload) in changed {
+            let registry = config.registry
+            guard let parser = registry.parser(for: source) else { continue }
+            let context = AdvertisementContext(
+                mac: adv.address.text, bindKey: c.bindKey, localName: adv.name, cipher: advertisementCipher)
+            do {
+                let reading = try registry.decode(source, payload, context: context)
+                r.merge(reading, now: now, wall: wall)
+                noteAdvertisementFields(r, parser.fields, reading)
+                decodedAny = true
+                engine.withLock { $0.counters.decoded += 1 }
+            } catch {
+                engine.withLock { $0.counters.decodeErrors += 1 }
+                reportError(
+                    "\(parser.name) cannot decode \(source) \(hexString(payload)) from \(adv.address): \(error)",
+                    device: r.id)
+            }
+        }
+        if c.mode == .passive {
+            if wasOnline != true { setAvailability(r, online: true) }
+            if decodedAny { requestStatePublish(r) }
+        } else if decodedAny {
+            requestStatePublish(r)
+        }
+        if c.mode == .connected {
+            ensureSession(r)
+            if r.data.withLock({ $0.session == .backingOff }) { r.wakeSession() }
+        }
+    }
+
+    /// The cipher for encrypted advertisements, injected by the program (GATTCrypto); nil: none.
+    nonisolated(unsafe) public static var cipher: (any AESCCMCipher)?
+    var advertisementCipher: (any AESCCMCipher)? { Bridge.cipher }
+
+    /// The device an advertisement belongs to: known by address, matched by a configured device, or an auto device.
+    func resolveDevice(for adv: BLEAdvertisement) -> DeviceRecord? {
+        if let r = engine.withLock({ $0.byAddress[adv.address] }) { return r }
+        let c = config
+        return engine.withLock { s -> DeviceRecord? in
+            if let r = s.byAddress[adv.address] { return r }
+            for device in c.devices where device.match.address == nil && device.match.matches(adv) {
+                guard let primary = s.devices[device.id] else { continue }
+                if primary.address == nil {
+                    primary.data.withLock { $0.address = adv.address }
+                    s.byAddress[adv.address] = primary
+                    return primary
+                }
+                // A second device matching the same entry gets an id of its own.
+                let id = "\(device.id)_\(adv.address.compact)"
+                var copy = device
+                copy.id = id
+                let r = DeviceRecord(id: id, config: copy, address: adv.address)
+                s.devices[id] = r
+                s.order.append(id)
+                s.byAddress[adv.address] = r
+                return r
+            }
+            let auto = c.autoDevices
+            guard auto.enabled, !auto.deny.contains(adv.address), auto.allow.isEmpty || auto.allow.contains(adv.address)
+            else { return nil }
+            if let min = auto.minimumRSSI, (adv.rssi ?? -127) < min { return nil }
+            let decodable =
+                adv.serviceData.keys.contains { c.registry.parser(for: .serviceData($0)) != nil }
+                || adv.manufacturerData.keys.contains { c.registry.parser(for: .manufacturer($0)) != nil }
+            guard decodable else { return nil }
+            let id = adv.address.compact
+            let config = DeviceConfig(
+                id: id, friendlyName: nil, match: DeviceMatch(address: adv.address), mode: .passive, subscribe: [],
+                poll: [], pollInterval: .seconds(300), writable: [], debounce: nil, throttle: nil, retain: false,
+                qos: -1, output: .json, bindKey: nil, availabilityTimeout: nil, index: -1)
+            let r = DeviceRecord(id: id, config: config, address: adv.address)
+            s.devices[id] = r
+            s.order.append(id)
+            s.byAddress[adv.address] = r
+            return r
+        }
+    }
+
+    func noteAdvertisementFields(_ r: DeviceRecord, _ declared: [GATTFieldDescriptor], _ reading: GATTReading) {
+        let changed = r.data.withLock { d -> Bool in
+            var changed = false
+            for field in reading.fields where !d.advertFields.contains(where: { $0.name == field.name }) {
+                let descriptor =
+                    declared.first { $0.name == field.name } ?? GATTFieldDescriptor.inferred(fromName: field.name)
+                d.advertFields.append(descriptor)
+                changed = true
+            }
+            return changed
+        }
+        if changed { publishDiscovery(r) }
+    }
+
+    // MARK: Ticker: availability of passive devices, silent subscriptions
+
+    func runTicker() async {
+        while !Task.isCancelled {
+            do { try await clock.sleep(for: .seconds(1)) } catch { return }
+            tick()
+        }
+    }
+
+    func tick() {
+        let now = clock.now
+        let c = config
+        for r in records {
+            let (mode, online, lastAdvert, interval) = r.data.withLock { d in
+                (r.config.mode, d.online, d.lastAdvert, d.advertInterval)
+            }
+            if mode == .passive, online == true, let lastAdvert {
+                if now - lastAdvert > passiveTimeout(r.config, interval: interval, settings: c.availability) {
+                    logger.info(
+                        "no advertisement for \(Int((now - lastAdvert).seconds)) s: offline", ["device": r.id])
+                    setAvailability(r, online: false)
+                }
+            }
+        }
+    }
+
+    /// When a passive device counts as gone: its own setting, else `passive_intervals` × its advertising interval,
+    /// never less than `passive_timeout`.
+    func passiveTimeout(_ device: DeviceConfig, interval: Double?, settings: AvailabilitySettings) -> Duration {
+        if let t = device.availabilityTimeout { return t }
+        let learned = (interval ?? 0) * settings.passiveIntervals
+        return max(settings.passiveMinimumTimeout, .milliseconds(Int64(min(learned, 1e9) * 1000)))
+    }
+
+    // MARK: Publishing
+
+    func publish(_ topic: String, _ payload: [UInt8], qos: Int, retain: Bool, correlation: [UInt8]? = nil) {
+        do {
+            try mqtt.publish(
+                BridgeOutgoingMessage(topic: topic, payload: payload, qos: qos, retain: retain, correlationData: correlation))
+        } catch {
+            logger.warning("cannot publish to \(topic): \(error)")
+        }
+    }
+
+    func stateQoS(_ r: DeviceRecord) -> Int { r.config.qos >= 0 ? r.config.qos : config.mqtt.qos }
+
+    /// Publishes the state now, or later when `debounce`/`throttle` say so.
+    func requestStatePublish(_ r: DeviceRecord) {
+        let now = clock.now
+        let debounce = r.config.debounce
+        let throttle = r.config.throttle
+        if debounce == nil && throttle == nil {
+            publishState(r)
+            return
+        }
+        let schedule = r.data.withLock { d -> Duration? in
+            d.publishPending = true
+            var due = now
+            if let debounce {
+                d.debounceDeadline = now + debounce
+                due = now + debounce
+            }
+            if throttle != nil { due = max(due, d.nextPublishAllowed) }
+            if due <= now { return .zero }
+            if d.flushScheduled { return nil }
+            d.flushScheduled = true
+            return due
+        }
+        guard let due = schedule else { return }
+        if due == .zero {
+            publishState(r)
+            return
+        }
+        Task {
+            var deadline = due
+            while true {
+                do { try await self.clock.sleep(until: deadline) } catch { return }
+                let next = r.data.withLock { d -> Duration? in
+                    var due = self.clock.now
+                    if let dl = d.debounceDeadline { due = max(due, dl) }
+                    if throttle != nil { due = max(due, d.nextPublishAllowed) }
+                    if due > self.clock.now { return due }
+                    d.flushScheduled = false
+                    return nil
+                }
+                guard let next else { break }
+                deadline = next
+            }
+            self.publishState(r)
+        }
+    }
+
+    func publishState(_ r: DeviceRecord) {
+        let now = clock.now
+        let shouldPublish = r.data.withLock { d -> Bool in
+            d.publishPending = false
+            d.debounceDeadline = nil
+            if let t = r.config.throttle { d.nextPublishAllowed = now + t }
+            return true
+        }
+        guard shouldPublish else { return }
+        let t = topics
+        let retain = r.config.retain || config.mqtt.retain
+        let qos = stateQoS(r)
+        if r.config.output != .attribute {
+            publish(t.state(r.id), r.stateJSON(), qos: qos, retain: retain)
+        }
+        if r.config.output != .json {
+            let fields = r.data.withLock { $0.fields }
+            for (name, value) in fields {
+                let payload: [UInt8]
+                if case .string(let s) = value { payload = Array(s.utf8) } else { payload = value.bytes }
+                publish(t.attribute(r.id, name), payload, qos: qos, retain: retain)
+            }
+        }
+        engine.withLock { $0.counters.statePublishes += 1 }
+    }
+
+    func setAvailability(_ r: DeviceRecord, online: Bool, force: Bool = false) {
+        let changed = r.data.withLock { d -> Bool in
+            if d.online == online && !force { return false }
+            d.online = online
+            return true
+        }
+        guard changed else { return }
+        publish(
+            topics.availability(r.id), JSONValue.object([("state", .string(online ? "online" : "offline"))]).bytes,
+            qos: config.mqtt.qos, retain: true)
+    }
+
+    func publishEvent(_ type: String, _ r: DeviceRecord, _ extra: [(String, JSONValue)] = []) {
+        var data: [(String, JSONValue)] = [("id", .string(r.id))]
+        if let a = r.address { data.append(("address", .string(a.text))) }
+        data += extra
+        publish(
+            topics.bridgeEvent, JSONValue.object([("type", .string(type)), ("data", .object(data))]).bytes, qos: 0,
+            retain: false)
+    }
+
+    /// Logs a warning and forwards it to `bridge/logging`.
+    func reportError(_ message: String, device: String? = nil, level: LogLevel = .warning) {
+        var extra: [String: String] = [:]
+        if let device { extra["device"] = device }
+        logger.log(level, message, extra)
+    }
+}
+
+/// Suspends until the task is cancelled.
+func waitForever() async {
+    let stream = AsyncStream<Void> { _ in }
+    for await _ in stream {}
+}

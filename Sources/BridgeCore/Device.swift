@@ -1,0 +1,119 @@
+// One device the bridge knows: its configuration, what it last reported, and its session's state.
+import GATT
+import Logging
+import Synchronization
+
+/// Where a device's session stands (logged, and shown in `bridge/devices`).
+public enum SessionState: String, Sendable, Hashable {
+    /// Known from the configuration, not seen yet.
+    case idle
+    /// Seen advertising; not connected.
+    case discovered
+    /// `Connect()` under way.
+    case connecting
+    /// Services being resolved.
+    case resolving
+    /// Subscriptions being made.
+    case subscribing
+    /// Connected, data flowing.
+    case streaming
+    /// Waiting before the next connection attempt.
+    case backingOff = "backing_off"
+    /// A poll (connect, read, disconnect) under way.
+    case polling
+    /// Disconnected on request (`bridge/request/device/disconnect`); not reconnecting.
+    case disconnected
+}
+
+/// The mutable part of a device record.
+struct DeviceData {
+    var address: BLEAddress?
+    var advertisedName: String?
+    var fields: [(String, JSONValue)] = []
+    var rssi: Int?
+    var rssiByAdapter: [String: (rssi: Int, at: Duration)] = [:]
+    var lastSeenWall: Double?
+    var lastSeen: Duration?
+    var lastAdvert: Duration?
+    /// Smoothed seconds between advertisements.
+    var advertInterval: Double?
+    var lastPayloads: [AdvertisementSource: [UInt8]] = [:]
+    var advertFields: [GATTFieldDescriptor] = []
+    var online: Bool?
+    var session: SessionState = .idle
+    var link: (any BLELink)?
+    var characteristics: [BLECharacteristic] = []
+    var characteristicFields: [GATTFieldDescriptor] = []
+    var discoverySignature: String?
+    var lastError: String?
+    var reconnects = 0
+    var messages = 0
+    var connectedSince: Duration?
+    var publishPending = false
+    var nextPublishAllowed: Duration = .zero
+    var debounceDeadline: Duration?
+    var flushScheduled = false
+    var lastNotification: [BluetoothUUID: Duration] = [:]
+    var notifyInterval: [BluetoothUUID: Double] = [:]
+    var wake: CheckedContinuation<Void, Never>?
+    var wakeRequested = false
+    var sessionTask: Task<Void, Never>?
+    var userDisconnected = false
+    var keepConnected = false
+    var adapter: String?
+}
+
+/// A device: its configuration and its data behind a lock. Safe from any task.
+final class DeviceRecord: Sendable {
+    let id: String
+    let config: DeviceConfig
+    let data: Mutex<DeviceData>
+
+    init(id: String, config: DeviceConfig, address: BLEAddress?) {
+        self.id = id
+        self.config = config
+        var d = DeviceData()
+        d.address = address
+        data = Mutex(d)
+    }
+
+    /// Merges fields into the state (later values replace earlier ones, new names are appended).
+    func merge(_ reading: GATTReading, now: Duration, wall: Double) {
+        data.withLock { d in
+            for field in reading.fields {
+                let value = JSONValue(field.value)
+                if let i = d.fields.firstIndex(where: { $0.0 == field.name }) {
+                    d.fields[i].1 = value
+                } else {
+                    d.fields.append((field.name, value))
+                }
+            }
+            d.lastSeen = now
+            d.lastSeenWall = wall
+            d.messages += 1
+        }
+    }
+
+    /// The JSON state: the merged fields, then `rssi` and `last_seen`.
+    func stateJSON() -> [UInt8] {
+        data.withLock { d in
+            var fields = d.fields
+            if let rssi = d.rssi { fields.append(("rssi", .int(Int64(rssi)))) }
+            if let wall = d.lastSeenWall { fields.append(("last_seen", .string(iso8601(wall)))) }
+            return JSONValue.object(fields).bytes
+        }
+    }
+
+    var address: BLEAddress? { data.withLock { $0.address } }
+
+    /// Wakes a session waiting out a backoff.
+    func wakeSession() {
+        let c = data.withLock { d -> CheckedContinuation<Void, Never>? in
+            let c = d.wake
+            d.wake = nil
+            if c == nil { d.wakeRequested = true }
+            return c
+        }
+        c?.resume()
+    }
+}

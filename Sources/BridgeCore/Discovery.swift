@@ -1,0 +1,301 @@
+// What the bridge says about itself and its devices: `bridge/info`, `bridge/devices`, and Home Assistant's
+// device-based MQTT discovery (`homeassistant/device/<id>/config`, one message per device with all its components;
+// see Home Assistant's MQTT integration docs, "Device discovery payload").
+import GATT
+import Logging
+
+extension Bridge {
+    /// The Home Assistant device id of the bridge itself (`via_device` of every device).
+    var bridgeObjectID: String { "blebridge_bridge_\(sanitizeDeviceID(gatewayName))" }
+
+    func objectID(_ r: DeviceRecord) -> String { "blebridge_\(r.id)" }
+
+    // MARK: bridge/info and bridge/devices
+
+    func infoFields() -> [(String, JSONValue)] {
+        let c = config
+        let adapters = engine.withLock { $0.adapters }
+        return [
+            ("version", .string(BridgeVersion.current)),
+            ("gateway", .string(gatewayName)),
+            ("adapters", .array(adapters.map { .object([("name", .string($0.name)), ("address", .string($0.address)), ("powered", .bool($0.powered))]) })),
+            ("config", configSummary(c)),
+            ("requests", .array(Bridge.requestOperations.map(JSONValue.string))),
+        ]
+    }
+
+    /// The effective configuration without secrets.
+    func configSummary(_ c: BridgeConfig) -> JSONValue { EffectiveConfig.summary(c) }
+}
+
+/// The configuration as JSON with secrets masked (`bridge/info`, `blebridge check-config`).
+public enum EffectiveConfig {
+    /// Every setting, devices included.
+    public static func json(_ c: BridgeConfig) -> JSONValue {
+        guard case .object(var fields) = summary(c) else { return summary(c) }
+        fields.removeAll { $0.0 == "devices" }
+        fields.append(("devices", .array(c.devices.map { d in
+            var o: [(String, JSONValue)] = [("id", .string(d.id)), ("name", d.friendlyName.map(JSONValue.string) ?? .null)]
+            var m: [(String, JSONValue)] = []
+            if let a = d.match.address { m.append(("address", .string(a.text))) }
+            if let s = d.match.service { m.append(("service", .string(s.description))) }
+            if let n = d.match.namePattern { m.append(("name", .string(n))) }
+            if let id = d.match.manufacturer { m.append(("manufacturer", .int(Int64(id)))) }
+            o.append(("match", .object(m)))
+            o.append(("mode", .string(d.mode.rawValue)))
+            o.append(("subscribe", .array(d.subscribe.map { .string($0.description) })))
+            o.append(("poll", .array(d.poll.map { .string($0.description) })))
+            if d.mode == .poll { o.append(("poll_interval", .double(d.pollInterval.seconds))) }
+            o.append(("writable", .array(d.writable.map { w in
+                .object([("name", .string(w.name)), ("characteristic", .string(w.characteristic.description)),
+                    ("parser", w.parserName.map(JSONValue.string) ?? .null), ("platform", .string(w.platform))])
+            })))
+            if let v = d.debounce { o.append(("debounce", .double(v.seconds))) }
+            if let v = d.throttle { o.append(("throttle", .double(v.seconds))) }
+            o.append(("output", .string(d.output.rawValue)))
+            if d.bindKey != nil { o.append(("bindkey", .string("***"))) }
+            return .object(o)
+        })))
+        return .object(fields)
+    }
+
+    /// The main settings, secrets masked.
+    public static func summary(_ c: BridgeConfig) -> JSONValue {
+        .object([
+            ("mqtt", .object([
+                ("url", .string(c.mqtt.url)), ("base_topic", .string(c.mqtt.baseTopic)),
+                ("protocol", .string(c.mqtt.protocolVersion)), ("qos", .int(Int64(c.mqtt.qos))),
+                ("username", c.mqtt.username.map(JSONValue.string) ?? .null),
+                ("password", c.mqtt.password == nil && c.mqtt.passwordFile == nil ? .null : .string("***")),
+            ])),
+            ("homeassistant", .object([("enabled", .bool(c.homeAssistant.enabled)), ("prefix", .string(c.homeAssistant.prefix))])),
+            ("bluetooth", .object([
+                ("adapters", .array(c.bluetooth.adapters.map(JSONValue.string))),
+                ("scan_services", .array(c.scanServiceUUIDs.map { .string($0.description) })),
+                ("passive", .bool(c.bluetooth.passive)), ("connection_slots", .int(Int64(c.bluetooth.connectionSlots))),
+            ])),
+            ("allow_raw_gatt", .bool(c.allowRawGATT)),
+            ("devices", .int(Int64(c.devices.count))),
+            ("auto_devices", .bool(c.autoDevices.enabled)),
+            ("parsers", .array(c.parserSpecs.map { .string($0.name) })),
+        ])
+    }
+}
+
+extension Bridge {
+    func publishInfo() {
+        publish(topics.bridgeInfo, JSONValue.object(infoFields()).bytes, qos: 1, retain: true)
+    }
+
+    func devicesJSON() -> JSONValue {
+        let registry = config.registry
+        return .array(records.map { r in
+            let d = r.data.withLock { $0 }
+            var f: [(String, JSONValue)] = [
+                ("id", .string(r.id)),
+                ("friendly_name", r.config.friendlyName.map(JSONValue.string) ?? .null),
+                ("address", d.address.map { .string($0.text) } ?? .null),
+                ("mode", .string(r.config.mode.rawValue)),
+                ("state", .string(d.session.rawValue)),
+                ("availability", d.online.map { .string($0 ? "online" : "offline") } ?? .null),
+                ("adapter", d.adapter.map(JSONValue.string) ?? .null),
+                ("rssi", d.rssi.map { .int(Int64($0)) } ?? .null),
+                ("last_seen", d.lastSeenWall.map { .string(iso8601($0)) } ?? .null),
+            ]
+            let services = Array(Set(d.characteristics.map(\.serviceUUID))).sorted()
+            f.append(("services", .array(services.map { .string($0.description) })))
+            f.append(("characteristics", .array(d.characteristics.map { c in
+                .object([
+                    ("uuid", .string(c.uuid.description)), ("service", .string(c.serviceUUID.description)),
+                    ("flags", .array(c.flags.sorted().map(JSONValue.string))),
+                    ("parser", registry.parser(for: c.uuid).map { .string($0.name) } ?? .null),
+                ])
+            })))
+            f.append(("writable", .array(r.config.writable.map { w in
+                var o: [(String, JSONValue)] = [
+                    ("name", .string(w.name)), ("characteristic", .string(w.characteristic.description)),
+                    ("parser", w.parserName.map(JSONValue.string) ?? .null), ("platform", .string(w.platform)),
+                ]
+                if let v = w.minimum { o.append(("min", .double(v))) }
+                if let v = w.maximum { o.append(("max", .double(v))) }
+                if let v = w.options { o.append(("options", .array(v.map(JSONValue.string)))) }
+                return .object(o)
+            })))
+            f.append(("reconnects", .int(Int64(d.reconnects))))
+            f.append(("last_error", d.lastError.map(JSONValue.string) ?? .null))
+            return .object(f)
+        })
+    }
+
+    func publishDevices() {
+        publish(topics.bridgeDevices, devicesJSON().bytes, qos: 1, retain: true)
+    }
+
+    // MARK: Home Assistant
+
+    func publishAllDiscovery() {
+        guard config.homeAssistant.enabled else { return }
+        publishBridgeDiscovery()
+        for r in records { publishDiscovery(r, force: true) }
+    }
+
+    func origin() -> JSONValue {
+        .object([("name", .string("blebridge")), ("sw", .string(BridgeVersion.current))])
+    }
+
+    func publishBridgeDiscovery() {
+        let t = topics
+        let id = bridgeObjectID
+        let payload = JSONValue.object([
+            ("dev", .object([
+                ("ids", .array([.string(id)])), ("name", .string("blebridge \(gatewayName)")),
+                ("mf", .string("blebridge")), ("mdl", .string("BLE to MQTT bridge")), ("sw", .string(BridgeVersion.current)),
+            ])),
+            ("o", origin()),
+            ("cmps", .object([
+                ("\(id)_connection_state", .object([
+                    ("p", .string("binary_sensor")), ("name", .string("Connection state")),
+                    ("unique_id", .string("\(id)_connection_state")), ("device_class", .string("connectivity")),
+                    ("entity_category", .string("diagnostic")), ("state_topic", .string(t.bridgeState)),
+                    ("value_template", .string("{{ value_json.state }}")), ("payload_on", .string("online")),
+                    ("payload_off", .string("offline")),
+                ])),
+            ])),
+            ("qos", .int(1)),
+        ])
+        publish(t.discovery(id), payload.bytes, qos: 1, retain: true)
+    }
+
+    /// Publishes the device's discovery message when what it would contain changed (or always with `force`).
+    func publishDiscovery(_ r: DeviceRecord, force: Bool = false) {
+        let c = config
+        guard c.homeAssistant.enabled else { return }
+        let payload = discoveryPayload(r, c)
+        let text = payload.text
+        let changed = r.data.withLock { d -> Bool in
+            if d.discoverySignature == text && !force { return false }
+            d.discoverySignature = text
+            return true
+        }
+        guard changed else { return }
+        publish(topics.discovery(objectID(r)), payload.bytes, qos: 1, retain: true)
+    }
+
+    /// Removes a device from Home Assistant (empty retained discovery message).
+    func removeDiscovery(id: String) {
+        publish(topics.discovery("blebridge_\(id)"), [], qos: 1, retain: true)
+    }
+
+    func discoveryPayload(_ r: DeviceRecord, _ c: BridgeConfig) -> JSONValue {
+        let t = topics
+        let oid = objectID(r)
+        let d = r.data.withLock { ($0.address, $0.advertisedName, $0.characteristicFields, $0.advertFields) }
+        var fields = d.2
+        for f in d.3 where !fields.contains(where: { $0.name == f.name }) { fields.append(f) }
+        var components: [(String, JSONValue)] = []
+        let writableNames = Set(r.config.writable.map(\.name))
+        for f in fields where !writableNames.contains(f.name) {
+            guard let component = sensorComponent(f, oid: oid) else { continue }
+            components.append(("\(oid)_\(f.name)", component))
+        }
+        for w in r.config.writable {
+            components.append(("\(oid)_\(w.name)", writableComponent(w, r, oid: oid)))
+        }
+        components.append((
+            "\(oid)_rssi",
+            .object([
+                ("p", .string("sensor")), ("name", .string("RSSI")), ("unique_id", .string("\(oid)_rssi")),
+                ("device_class", .string("signal_strength")), ("unit_of_measurement", .string("dBm")),
+                ("state_class", .string("measurement")), ("entity_category", .string("diagnostic")),
+                ("value_template", .string("{{ value_json.rssi }}")),
+            ])
+        ))
+        components.append((
+            "\(oid)_last_seen",
+            .object([
+                ("p", .string("sensor")), ("name", .string("Last seen")), ("unique_id", .string("\(oid)_last_seen")),
+                ("device_class", .string("timestamp")), ("entity_category", .string("diagnostic")),
+                ("enabled_by_default", .bool(false)), ("value_template", .string("{{ value_json.last_seen }}")),
+            ])
+        ))
+        var device: [(String, JSONValue)] = [
+            ("ids", .array([.string(oid)])),
+            ("name", .string(r.config.friendlyName ?? d.1 ?? r.id)),
+            ("via_device", .string(bridgeObjectID)),
+        ]
+        if let a = d.0 { device.append(("cns", .array([.array([.string("bluetooth"), .string(a.text.lowercased())])]))) }
+        if let model = d.1 { device.append(("mdl", .string(model))) }
+        return .object([
+            ("dev", .object(device)),
+            ("o", origin()),
+            ("cmps", .object(components)),
+            ("state_topic", .string(t.state(r.id))),
+            ("availability", .array([
+                .object([("topic", .string(t.bridgeState)), ("value_template", .string("{{ value_json.state }}"))]),
+                .object([("topic", .string(t.availability(r.id))), ("value_template", .string("{{ value_json.state }}"))]),
+            ])),
+            ("availability_mode", .string("all")),
+            ("qos", .int(Int64(stateQoS(r)))),
+        ])
+    }
+
+    func humanName(_ f: GATTFieldDescriptor) -> String {
+        var parts = f.name.split(separator: "_").map(String.init)
+        let unitSuffixes: Set<String> = [
+            "c", "f", "k", "pct", "pa", "hpa", "kpa", "bpm", "kj", "kcal", "v", "mv", "a", "ma", "w", "kwh", "wh", "s",
+            "ms", "lux", "lx", "dbm", "db", "m", "cm", "mm", "kg", "g", "ppm", "ugm3", "rpm", "hz", "l", "ml", "m3",
+        ]
+        if parts.count > 1, f.unit != nil, let last = parts.last, unitSuffixes.contains(last) { parts.removeLast() }
+        guard let first = parts.first else { return f.name }
+        return ([first.prefix(1).uppercased() + first.dropFirst()] + parts.dropFirst()).joined(separator: " ")
+    }
+
+    func sensorComponent(_ f: GATTFieldDescriptor, oid: String) -> JSONValue? {
+        var o: [(String, JSONValue)] = []
+        switch f.kind {
+        case .structured: return nil
+        case .boolean:
+            o.append(("p", .string("binary_sensor")))
+            o.append(("value_template", .string("{{ 'ON' if value_json.\(f.name) else 'OFF' }}")))
+        case .number, .text:
+            o.append(("p", .string("sensor")))
+            o.append(("value_template", .string("{{ value_json.\(f.name) }}")))
+        }
+        o.append(("name", .string(humanName(f))))
+        o.append(("unique_id", .string("\(oid)_\(f.name)")))
+        if let dc = f.deviceClass { o.append(("device_class", .string(dc))) }
+        if f.kind == .number, let unit = f.unit { o.append(("unit_of_measurement", .string(unit))) }
+        if f.kind == .number, let sc = f.stateClass { o.append(("state_class", .string(sc))) }
+        return .object(o)
+    }
+
+    func writableComponent(_ w: WritableSpec, _ r: DeviceRecord, oid: String) -> JSONValue {
+        let t = topics
+        var o: [(String, JSONValue)] = [
+            ("p", .string(w.platform)), ("name", .string(humanName(GATTFieldDescriptor.inferred(fromName: w.name)))),
+            ("unique_id", .string("\(oid)_\(w.name)")), ("command_topic", .string("\(t.set(r.id))/\(w.name)")),
+        ]
+        let descriptor = config.registry.parser(named: w.parserName ?? "")?.fields.first { $0.name == w.name }
+            ?? GATTFieldDescriptor.inferred(fromName: w.name)
+        switch w.platform {
+        case "switch":
+            o.append(("value_template", .string("{{ 'ON' if value_json.\(w.name) else 'OFF' }}")))
+            o.append(("payload_on", .string("ON")))
+            o.append(("payload_off", .string("OFF")))
+        case "select":
+            o.append(("value_template", .string("{{ value_json.\(w.name) }}")))
+            o.append(("options", .array((w.options ?? []).map(JSONValue.string))))
+        case "number":
+            o.append(("value_template", .string("{{ value_json.\(w.name) }}")))
+            if let v = w.minimum { o.append(("min", .double(v))) }
+            if let v = w.maximum { o.append(("max", .double(v))) }
+            if let v = w.step { o.append(("step", .double(v))) }
+            if let unit = descriptor.unit { o.append(("unit_of_measurement", .string(unit))) }
+            if let dc = descriptor.deviceClass, dc != "battery" { o.append(("device_class", .string(dc))) }
+            o.append(("mode", .string("box")))
+        default:
+            o.append(("value_template", .string("{{ value_json.\(w.name) }}")))
+        }
+        return .object(o)
+    }
+}

@@ -1,0 +1,502 @@
+// Device sessions: the connection state machine of connected and poll devices (connect, resolve, subscribe,
+// stream, back off), connection slots per adapter, and the silent-subscription watchdog.
+import GATT
+import Logging
+
+/// The backoff policy: exponential with jitter, base and cap by error class (short after
+/// `le-connection-abort-by-local`, longer when out of slots or the device is not found).
+public struct ReconnectPolicy: Sendable, Equatable {
+    /// First delay for ordinary failures.
+    public var initial: Duration
+    /// Longest delay.
+    public var maximum: Duration
+
+    /// A policy.
+    public init(initial: Duration, maximum: Duration) {
+        self.initial = initial
+        self.maximum = maximum
+    }
+
+    /// The delay before attempt `attempt` (1-based) after a failure of `kind`; `jitter` in 0...1 spreads it ±20 %.
+    public func delay(attempt: Int, kind: BLEError.Kind?, jitter: Double) -> Duration {
+        let base: Double
+        switch kind {
+        case .connectionAborted?: base = min(initial.seconds, 0.5)
+        case .notFound?, .adapterUnavailable?, .bluetoothdUnavailable?: base = max(initial.seconds, 1) * 5
+        case .noSlots?: base = max(initial.seconds, 1) * 10
+        default: base = initial.seconds
+        }
+        let exponent = Double(min(max(attempt - 1, 0), 30))
+        let raw = min(base * pow2(exponent), maximum.seconds)
+        let spread = raw * (0.8 + 0.4 * min(max(jitter, 0), 1))
+        return .milliseconds(Int64(max(spread, 0.01) * 1000))
+    }
+}
+
+func pow2(_ e: Double) -> Double {
+    var v = 1.0
+    var i = 0.0
+    while i < e {
+        v *= 2
+        i += 1
+    }
+    return v
+}
+
+/// How a streaming session ended.
+enum StreamEnd: Sendable {
+    case linkLost(BLEDisconnection)
+    case silent(BluetoothUUID, Double)
+    case subscriptionEnded(BluetoothUUID, String)
+    case stopped
+}
+
+extension Bridge {
+    var reconnectPolicy: ReconnectPolicy {
+        let b = config.bluetooth
+        return ReconnectPolicy(initial: b.reconnectInitialDelay, maximum: b.reconnectMaximumDelay)
+    }
+
+    /// Starts the device's session task if it needs one and has none.
+    func ensureSession(_ r: DeviceRecord) {
+        guard r.config.mode == .connected || r.config.mode == .poll else { return }
+        if engine.withLock({ $0.shuttingDown }) { return }
+        r.data.withLock { d in
+            guard d.sessionTask == nil, !d.userDisconnected else { return }
+            d.sessionTask = Task { [self] in
+                if r.config.mode == .poll {
+                    await self.pollLoop(r)
+                } else {
+                    await self.connectionLoop(r)
+                }
+                r.data.withLock { $0.sessionTask = nil }
+            }
+        }
+    }
+
+    func setSession(_ r: DeviceRecord, _ state: SessionState) {
+        let old = r.data.withLock { d -> SessionState in
+            let old = d.session
+            d.session = state
+            return old
+        }
+        if old != state { logger.debug("session \(old.rawValue) -> \(state.rawValue)", ["device": r.id]) }
+    }
+
+    // MARK: Slots
+
+    /// Takes a connection slot on the adapter that hears the device best among those with a free slot.
+    func acquireSlot(_ r: DeviceRecord) -> String? {
+        let heard = r.data.withLock { $0.rssiByAdapter }
+        let c = config
+        return engine.withLock { s -> String? in
+            let usable = s.adapters.filter { a in
+                a.powered
+                    && (c.bluetooth.adapters.isEmpty || c.bluetooth.adapters.contains(a.name)
+                        || c.bluetooth.adapters.contains(a.address))
+            }
+            let free = usable.filter { (s.slots[$0.name] ?? 0) < c.bluetooth.connectionSlots }
+            let ranked = free.sorted { a, b in
+                let ra = heard[a.name]?.rssi ?? -200
+                let rb = heard[b.name]?.rssi ?? -200
+                return ra != rb ? ra > rb : a.name < b.name
+            }
+            // Only adapters that heard the device, unless none did (a bonded device BlueZ already knows).
+            let candidates = ranked.filter { heard[$0.name] != nil }
+            guard let chosen = (candidates.isEmpty ? (heard.isEmpty ? ranked.first : nil) : candidates.first) else {
+                return nil
+            }
+            s.slots[chosen.name, default: 0] += 1
+            return chosen.name
+        }
+    }
+
+    func releaseSlot(_ adapter: String) {
+        engine.withLock { s in s.slots[adapter] = max(0, (s.slots[adapter] ?? 1) - 1) }
+    }
+
+    /// Why no slot was free.
+    func noSlotError(_ r: DeviceRecord) -> BLEError {
+        let heard = r.data.withLock { $0.rssiByAdapter.keys.sorted() }
+        let adapters = engine.withLock { $0.adapters.map(\.name) }
+        if adapters.isEmpty { return BLEError(.adapterUnavailable, message: "no adapter is available") }
+        if heard.isEmpty || heard.contains(where: adapters.contains) {
+            return BLEError(
+                .noSlots,
+                message: "every connection slot is in use on \(heard.isEmpty ? adapters.joined(separator: ", ") : heard.joined(separator: ", ")) (bluetooth.connection_slots: \(config.bluetooth.connectionSlots))"
+            )
+        }
+        return BLEError(.adapterUnavailable, message: "the adapters that heard it (\(heard.joined(separator: ", "))) are gone")
+    }
+
+    // MARK: Connected mode
+
+    func connectionLoop(_ r: DeviceRecord) async {
+        var attempt = 0
+        while !Task.isCancelled {
+            let outcome: Result<StreamEnd, BLEError>
+            outcome = await connectAndStream(r)
+            if Task.isCancelled { break }
+            let kind: BLEError.Kind?
+            switch outcome {
+            case .success(.stopped):
+                return
+            case .success(let end):
+                attempt = 0
+                kind = nil
+                let reason: String
+                switch end {
+                case .linkLost(let d): reason = "link lost (\(d.reason))"
+                case .silent(let uuid, let secs):
+                    reason = "characteristic \(uuid) silent for \(Int(secs)) s (subscription stalled)"
+                case .subscriptionEnded(let uuid, let why): reason = "subscription to \(uuid) ended (\(why))"
+                case .stopped: reason = "stopped"
+                }
+                count(reconnect: reason.hasPrefix("link") ? "link-lost" : "silent-or-ended")
+                r.data.withLock {
+                    $0.lastError = reason
+                    $0.reconnects += 1
+                }
+                logger.warning("\(reason); reconnecting", ["device": r.id])
+                setAvailability(r, online: false)
+                publishEvent("disconnected", r, [("reason", .string(reason))])
+            case .failure(let error):
+                attempt += 1
+                kind = error.kind
+                count(reconnect: error.errorName)
+                r.data.withLock { $0.lastError = error.message }
+                let delay = reconnectPolicy.delay(attempt: attempt, kind: kind, jitter: jitter(r.id, attempt))
+                logger.warning(
+                    "\(error.message); retrying in \(formatDelay(delay)) (attempt \(attempt))", ["device": r.id])
+                setSession(r, .backingOff)
+                if await waitForRetry(r, delay: delay) == false { return }
+                continue
+            }
+            _ = kind
+            setSession(r, .backingOff)
+            // Reconnect at once after a drop; a short pause lets BlueZ finish tearing the link down.
+            if await waitForRetry(r, delay: .milliseconds(200)) == false { return }
+        }
+    }
+
+    func count(reconnect name: String) {
+        engine.withLock { $0.counters.reconnects[name, default: 0] += 1 }
+    }
+
+    /// A deterministic jitter in 0...1 per device and attempt (tests stay repeatable).
+    func jitter(_ id: String, _ attempt: Int) -> Double {
+        var h: UInt64 = 1_469_598_103_934_665_603
+        for b in id.utf8 { h = (h ^ UInt64(b)) &* 1_099_511_628_211 }
+        h = (h ^ UInt64(truncatingIfNeeded: attempt)) &* 1_099_511_628_211
+        return Double(h % 1000) / 1000
+    }
+
+    /// Waits `delay`, or less when the device advertises again (wakeSession). False when cancelled.
+    func waitForRetry(_ r: DeviceRecord, delay: Duration) async -> Bool {
+        r.data.withLock { $0.wakeRequested = false }
+        let deadline = clock.now + delay
+        let clock = self.clock
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                try? await clock.sleep(until: deadline)
+            }
+            group.addTask {
+                await withTaskCancellationHandler {
+                    await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+                        let resumeNow = r.data.withLock { d -> Bool in
+                            if d.wakeRequested || Task.isCancelled {
+                                d.wakeRequested = false
+                                return true
+                            }
+                            d.wake = c
+                            return false
+                        }
+                        if resumeNow { c.resume() }
+                    }
+                } onCancel: {
+                    let c = r.data.withLock { d -> CheckedContinuation<Void, Never>? in
+                        let c = d.wake
+                        d.wake = nil
+                        return c
+                    }
+                    c?.resume()
+                }
+            }
+            await group.next()
+            group.cancelAll()
+        }
+        return !Task.isCancelled
+    }
+
+    /// One connection: connect, resolve, subscribe, stream until the link or a subscription ends.
+    func connectAndStream(_ r: DeviceRecord) async -> Result<StreamEnd, BLEError> {
+        guard let address = r.address else {
+            return .failure(BLEError(.notFound, message: "not seen advertising yet"))
+        }
+        guard let adapter = acquireSlot(r) else { return .failure(noSlotError(r)) }
+        defer { releaseSlot(adapter) }
+        setSession(r, .connecting)
+        let link: any BLELink
+        do {
+            link = try await central.connect(address, adapter: adapter, timeout: config.bluetooth.connectTimeout)
+        } catch {
+            if Task.isCancelled { return .success(.stopped) }
+            return .failure(error)
+        }
+        setSession(r, .resolving)
+        let characteristics = link.characteristics
+        r.data.withLock {
+            $0.link = link
+            $0.characteristics = characteristics
+            $0.adapter = adapter
+            $0.connectedSince = clock.now
+            $0.lastNotification = [:]
+        }
+        defer { r.data.withLock { $0.link = nil } }
+        noteCharacteristicFields(r, characteristics)
+        setSession(r, .subscribing)
+        let chosen = subscriptionTargets(r, characteristics)
+        var streams: [(BLECharacteristic, BLENotificationStream)] = []
+        for c in chosen {
+            do {
+                streams.append((c, try await link.notifications(c)))
+            } catch {
+                if Task.isCancelled {
+                    await link.disconnect()
+                    return .success(.stopped)
+                }
+                if error.kind == .disconnected || error.kind == .notConnected {
+                    return .success(.linkLost(BLEDisconnection(requested: false, reason: error.message)))
+                }
+                reportError("cannot subscribe to \(c.uuid): \(error.message)", device: r.id)
+            }
+        }
+        // Initial reads: the poll list, so the state is complete before the first notification.
+        for c in pollTargets(r, characteristics) {
+            await readAndPublish(r, link: link, c)
+        }
+        setSession(r, .streaming)
+        setAvailability(r, online: true)
+        logger.info(
+            "connected on \(adapter): \(streams.count) subscriptions"
+                + (streams.isEmpty ? "" : " (\(streams.map { $0.0.uuid.description }.joined(separator: ", ")))"),
+            ["device": r.id])
+        publishEvent("connected", r, [("adapter", .string(adapter))])
+        publishDevices()
+        let end = await stream(r, link: link, streams)
+        if case .stopped = end {
+            await link.disconnect()
+            setAvailability(r, online: false)
+            logger.info("disconnected on request", ["device": r.id])
+            publishEvent("disconnected", r, [("reason", .string("requested"))])
+        } else if case .linkLost = end {
+        } else {
+            await link.disconnect()
+        }
+        return .success(end)
+    }
+
+    func stream(_ r: DeviceRecord, link: any BLELink, _ streams: [(BLECharacteristic, BLENotificationStream)]) async
+        -> StreamEnd
+    {
+        let factor = config.bluetooth.silenceFactor
+        // The first of: the link ends, a subscription ends, a subscription goes silent, or this task is cancelled.
+        // Unstructured tasks, so that a wait that does not honour cancellation cannot hold up the shutdown.
+        let (ends, endsContinuation) = AsyncStream<StreamEnd>.makeStream(bufferingPolicy: .bufferingOldest(8))
+        var tasks: [Task<Void, Never>] = []
+        tasks.append(Task {
+            let d = await link.waitForDisconnection()
+            endsContinuation.yield(d.requested ? .stopped : .linkLost(d))
+        })
+        for (c, values) in streams {
+            tasks.append(Task {
+                do {
+                    for try await value in values {
+                        self.handleNotification(r, c, value)
+                    }
+                    if !Task.isCancelled { endsContinuation.yield(.subscriptionEnded(c.uuid, "stream finished")) }
+                } catch {
+                    if !Task.isCancelled { endsContinuation.yield(.subscriptionEnded(c.uuid, "\(error)")) }
+                }
+            })
+        }
+        if !streams.isEmpty {
+            tasks.append(Task {
+                while !Task.isCancelled {
+                    do { try await self.clock.sleep(for: .seconds(1)) } catch { return }
+                    if let silent = self.silentCharacteristic(r, factor: factor) {
+                        endsContinuation.yield(.silent(silent.0, silent.1))
+                        return
+                    }
+                }
+            })
+        }
+        var end: StreamEnd = .stopped
+        for await first in ends {
+            end = first
+            break
+        }
+        for t in tasks { t.cancel() }
+        endsContinuation.finish()
+        if Task.isCancelled { return .stopped }
+        return end
+    }
+
+    /// A characteristic whose notifications stopped for `factor` × its usual interval (at least 10 s), if any.
+    func silentCharacteristic(_ r: DeviceRecord, factor: Double) -> (BluetoothUUID, Double)? {
+        let now = clock.now
+        return r.data.withLock { d -> (BluetoothUUID, Double)? in
+            for (uuid, last) in d.lastNotification {
+                guard let interval = d.notifyInterval[uuid] else { continue }
+                let silence = (now - last).seconds
+                if silence > max(10, interval * factor) { return (uuid, silence) }
+            }
+            return nil
+        }
+    }
+
+    func handleNotification(_ r: DeviceRecord, _ c: BLECharacteristic, _ value: [UInt8]) {
+        let now = clock.now
+        r.data.withLock { d in
+            if let last = d.lastNotification[c.uuid] {
+                let gap = (now - last).seconds
+                d.notifyInterval[c.uuid] = d.notifyInterval[c.uuid].map { $0 * 0.9 + gap * 0.1 } ?? gap
+            }
+            d.lastNotification[c.uuid] = now
+        }
+        engine.withLock { $0.counters.notifications += 1 }
+        decodeAndPublish(r, c, value)
+    }
+
+    func decodeAndPublish(_ r: DeviceRecord, _ c: BLECharacteristic, _ value: [UInt8]) {
+        let registry = config.registry
+        do {
+            let reading = try registry.decode(
+                c.uuid, value, context: GATTDecodeContext(presentationFormat: c.presentationFormat))
+            r.merge(reading, now: clock.now, wall: clock.wallClock)
+            engine.withLock { $0.counters.decoded += 1 }
+            requestStatePublish(r)
+        } catch {
+            engine.withLock { $0.counters.decodeErrors += 1 }
+            reportError("cannot decode \(c.uuid) value \(hexString(value)): \(error)", device: r.id)
+        }
+    }
+
+    func readAndPublish(_ r: DeviceRecord, link: any BLELink, _ c: BLECharacteristic) async {
+        do {
+            let value = try await link.read(c)
+            decodeAndPublish(r, c, value)
+        } catch {
+            reportError("cannot read \(c.uuid): \(error.message)", device: r.id)
+        }
+    }
+
+    /// The characteristics to subscribe to: the configured list, or every notifying one that has a parser (or a
+    /// presentation format).
+    func subscriptionTargets(_ r: DeviceRecord, _ all: [BLECharacteristic]) -> [BLECharacteristic] {
+        let registry = config.registry
+        if !r.config.subscribe.isEmpty {
+            return r.config.subscribe.compactMap { uuid in all.first { $0.uuid == uuid && $0.canNotify } }
+        }
+        return all.filter { c in
+            c.canNotify && (registry.parser(for: c.uuid) != nil || c.presentationFormat != nil)
+        }
+    }
+
+    func pollTargets(_ r: DeviceRecord, _ all: [BLECharacteristic]) -> [BLECharacteristic] {
+        r.config.poll.compactMap { uuid in all.first { $0.uuid == uuid && $0.canRead } }
+    }
+
+    func noteCharacteristicFields(_ r: DeviceRecord, _ characteristics: [BLECharacteristic]) {
+        let registry = config.registry
+        var fields: [GATTFieldDescriptor] = []
+        let targets = Set(subscriptionTargets(r, characteristics).map(\.uuid)).union(r.config.poll)
+        for c in characteristics where targets.contains(c.uuid) {
+            var declared = registry.fields(for: c.uuid)
+            if declared.isEmpty, registry.parser(for: c.uuid) == nil, let pf = c.presentationFormat {
+                declared = registry.fields(forPresentationFormat: pf)
+            }
+            for f in declared where !fields.contains(where: { $0.name == f.name }) { fields.append(f) }
+        }
+        let changed = r.data.withLock { d -> Bool in
+            guard d.characteristicFields != fields else { return false }
+            d.characteristicFields = fields
+            return true
+        }
+        if changed { publishDiscovery(r) }
+    }
+
+    // MARK: Poll mode
+
+    func pollLoop(_ r: DeviceRecord) async {
+        var attempt = 0
+        while !Task.isCancelled {
+            let result = await pollOnce(r)
+            let delay: Duration
+            switch result {
+            case .success:
+                attempt = 0
+                delay = r.config.pollInterval
+                setAvailability(r, online: true)
+            case .failure(let error):
+                attempt += 1
+                r.data.withLock { $0.lastError = error.message }
+                delay = min(
+                    r.config.pollInterval,
+                    reconnectPolicy.delay(attempt: attempt, kind: error.kind, jitter: jitter(r.id, attempt)))
+                logger.warning("poll failed: \(error.message); next try in \(formatDelay(delay))", ["device": r.id])
+                if attempt >= 3 { setAvailability(r, online: false) }
+            }
+            setSession(r, .backingOff)
+            if await waitForRetry(r, delay: delay) == false { return }
+        }
+    }
+
+    func pollOnce(_ r: DeviceRecord) async -> Result<Void, BLEError> {
+        await withTemporaryLink(r) { link in
+            for c in self.pollTargets(r, link.characteristics) {
+                await self.readAndPublish(r, link: link, c)
+            }
+        }
+    }
+
+    /// Connects (unless connected), runs `body`, and disconnects again if it connected.
+    func withTemporaryLink(_ r: DeviceRecord, _ body: @Sendable (any BLELink) async -> Void) async
+        -> Result<Void, BLEError>
+    {
+        if let link = r.data.withLock({ $0.link }) {
+            await body(link)
+            return .success(())
+        }
+        guard let address = r.address else { return .failure(BLEError(.notFound, message: "not seen advertising yet")) }
+        guard let adapter = acquireSlot(r) else { return .failure(noSlotError(r)) }
+        defer { releaseSlot(adapter) }
+        let previous = r.data.withLock { $0.session }
+        setSession(r, .polling)
+        do {
+            let link = try await central.connect(address, adapter: adapter, timeout: config.bluetooth.connectTimeout)
+            r.data.withLock {
+                $0.link = link
+                $0.characteristics = link.characteristics
+                $0.adapter = adapter
+            }
+            noteCharacteristicFields(r, link.characteristics)
+            await body(link)
+            r.data.withLock { $0.link = nil }
+            await link.disconnect()
+            setSession(r, previous == .polling ? .discovered : previous)
+            return .success(())
+        } catch {
+            setSession(r, previous)
+            return .failure(error)
+        }
+    }
+}
+
+/// `4 s`, `0.5 s`, `2 min`.
+func formatDelay(_ d: Duration) -> String {
+    let s = d.seconds
+    if s >= 120 { return "\(Int(s / 60)) min" }
+    if s >= 10 || s == s.rounded() { return "\(Int(s.rounded())) s" }
+    return "\((s * 10).rounded() / 10) s"
+}

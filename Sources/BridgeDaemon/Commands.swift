@@ -1,0 +1,126 @@
+// The daemon's subcommands: `run` (the bridge) and `check-config`.
+import BlueZ
+import BridgeAdapters
+import BridgeCore
+import BridgeKit
+import FoundationEssentials
+import GATTCrypto
+import Logging
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// The daemon's subcommands.
+public enum BridgeDaemonCommands {
+    /// run, check-config.
+    public static let all: [any CLICommand.Type] = [RunCommand.self, CheckConfigCommand.self]
+}
+
+/// Reads and checks a configuration file, or says exactly why not.
+func loadConfig(_ path: String) -> Result<BridgeConfig, ConfigErrors> {
+    guard let fd = fopen(path, "r") else {
+        let why = String(cString: strerror(errno))
+        return .failure(ConfigErrors([ConfigError(path: "", reason: "cannot read \(path): \(why)")]))
+    }
+    defer { fclose(fd) }
+    var bytes: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 65536)
+    while true {
+        let n = fread(&buffer, 1, buffer.count, fd)
+        if n <= 0 { break }
+        bytes += buffer[0..<n]
+        if bytes.count > 16 << 20 {
+            return .failure(ConfigErrors([ConfigError(path: "", reason: "\(path) is larger than 16 MiB")]))
+        }
+    }
+    guard let text = String(validating: bytes, as: UTF8.self) else {
+        return .failure(ConfigErrors([ConfigError(path: "", reason: "\(path) is not UTF-8 text")]))
+    }
+    do {
+        return .success(try BridgeConfig.load(text: text))
+    } catch {
+        return .failure(error)
+    }
+}
+
+/// `blebridge check-config FILE`.
+public enum CheckConfigCommand: CLICommand {
+    /// The subcommand's name.
+    public static let name = "check-config"
+    /// One line for `--help`.
+    public static let summary = "validate a configuration file and print the effective configuration"
+    /// Usage.
+    public static let usage = """
+        usage: blebridge check-config FILE
+
+        Checks FILE (YAML or JSON, see config/README.md) and prints the effective configuration as JSON with
+        secrets masked. Every problem is printed as `path: reason`. Exit status 0 when valid, 78 when not.
+        """
+
+    /// Runs it.
+    public static func run(_ arguments: [String]) async -> Int32 {
+        guard arguments.count == 1 else {
+            writeErr("blebridge check-config: expected one FILE\n\n\(usage)")
+            return ExitCode.usage
+        }
+        switch loadConfig(arguments[0]) {
+        case .failure(let errors):
+            for e in errors.errors { writeErr("\(arguments[0]): \(e)") }
+            writeErr("blebridge check-config: \(errors.errors.count) problem\(errors.errors.count == 1 ? "" : "s")")
+            return ExitCode.configError
+        case .success(let config):
+            writeOut(EffectiveConfig.json(config).text)
+            return ExitCode.success
+        }
+    }
+}
+
+/// `blebridge run --config FILE`.
+public enum RunCommand: CLICommand {
+    /// The subcommand's name.
+    public static let name = "run"
+    /// One line for `--help`.
+    public static let summary = "run the bridge: configured sensors to MQTT, and commands back"
+    /// Usage.
+    public static let usage = """
+        usage: blebridge run --config FILE [--log-level LEVEL] [--log-json]
+
+        Runs the bridge until SIGTERM or SIGINT. FILE is documented in config/README.md.
+          --config FILE       the configuration (YAML or JSON)
+          --log-level LEVEL   trace, debug, info, warning, error (overrides logging.level)
+          --log-json          log JSON lines instead of text (overrides logging.format)
+        The BlueZ system bus is the one in DBUS_SYSTEM_BUS_ADDRESS, or the system bus.
+        """
+
+    /// Runs it.
+    public static func run(_ arguments: [String]) async -> Int32 {
+        let args: BLEArguments
+        do {
+            args = try BLEArguments(arguments, valued: ["--config", "--log-level"], flags: ["--log-json"])
+        } catch {
+            writeErr("blebridge run: \(error.message)")
+            return ExitCode.usage
+        }
+        guard let path = args.value("--config"), args.positional.isEmpty else {
+            writeErr("blebridge run: --config FILE is required\n\n\(usage)")
+            return ExitCode.usage
+        }
+        let config: BridgeConfig
+        switch loadConfig(path) {
+        case .failure(let errors):
+            for e in errors.errors { writeErr("blebridge run: \(path): \(e)") }
+            return ExitCode.configError
+        case .success(let c): config = c
+        }
+        let levelName = args.value("--log-level") ?? config.logging.level
+        guard let level = LogLevel(name: levelName) else {
+            writeErr("blebridge run: --log-level: '\(levelName)' is not one of trace, debug, info, warning, error")
+            return ExitCode.usage
+        }
+        let format: StandardErrorLogHandler.Format =
+            args.flags.contains("--log-json") || config.logging.format == "json" ? .json : .text
+        let logger = Logger(handler: StandardErrorLogHandler(format: format), level: level)
+        return await Daemon(config: config, logger: logger).run()
+    }
+}

@@ -1,0 +1,102 @@
+// Wiring of `blebridge run`: the MQTT transport, the BlueZ central and the bridge, started in order, stopped in
+// reverse on SIGTERM/SIGINT.
+import BlueZ
+import BridgeAdapters
+import BridgeCore
+import BridgeKit
+import GATTCrypto
+import Logging
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// The running daemon.
+struct Daemon {
+    let config: BridgeConfig
+    let logger: Logger
+
+    func run() async -> Int32 {
+        let host = hostName()
+        Bridge.cipher = OpenSSLAESCCM()
+        let transport: MQTTBrokerTransport
+        do {
+            transport = try MQTTBrokerTransport(settings: config.mqtt, defaultClientID: "blebridge-\(host)")
+        } catch {
+            logger.error("configuration: \(error)")
+            return ExitCode.configError
+        }
+        let central: BlueZCentral
+        do {
+            central = try BlueZCentral(logger: logger)
+        } catch {
+            logger.error("\(error.message)")
+            return ExitCode.unavailable
+        }
+        // Configured adapters must exist before anything connects.
+        do {
+            let adapters = try await central.start()
+            let missing = config.bluetooth.adapters.filter { name in
+                !adapters.contains { $0.name == name || $0.address == name }
+            }
+            if !missing.isEmpty {
+                logger.error(
+                    "configuration: bluetooth.adapters: \(missing.joined(separator: ", ")) not found (there are: "
+                        + "\(adapters.isEmpty ? "none" : adapters.map(\.name).joined(separator: ", ")))")
+                await central.close()
+                return ExitCode.configError
+            }
+        } catch {
+            logger.warning("\(error.message); the bridge starts and waits for bluetoothd")
+        }
+        do {
+            try transport.client.start()
+        } catch {
+            logger.error("MQTT: \(error)")
+            await central.close()
+            return ExitCode.configError
+        }
+        let bridge = Bridge(
+            config: config, central: PreStartedCentral(central), mqtt: transport, clock: SystemBridgeClock(),
+            logger: logger, gatewayName: host)
+        await cancellingOnInterrupt {
+            await bridge.run()
+        }
+        await central.close()
+        await transport.client.disconnect()
+        logger.labelled(component: "bridge").info("exit")
+        return ExitCode.success
+    }
+
+    func hostName() -> String {
+        var buffer = [CChar](repeating: 0, count: 256)
+        guard gethostname(&buffer, buffer.count - 1) == 0 else { return "blebridge" }
+        let name = String(cString: buffer)
+        return name.isEmpty ? "blebridge" : name
+    }
+}
+
+/// The central after the daemon's own `start()`: the bridge's `start()` only reads the adapters.
+final class PreStartedCentral: BLECentral {
+    let base: BlueZCentral
+    init(_ base: BlueZCentral) { self.base = base }
+    func start() async throws(BLEError) -> [BLEAdapterInfo] {
+        guard base.bluetoothdRunning else {
+            throw BLEError(
+                .bluetoothdUnavailable,
+                message: "bluetoothd (org.bluez) is not running on the system bus; start bluetooth.service")
+        }
+        return base.adapters()
+    }
+    func events() -> AsyncStream<BLECentralEvent> { base.events() }
+    func adapters() -> [BLEAdapterInfo] { base.adapters() }
+    func startScanning(_ request: BLEScanRequest) async throws(BLEError) { try await base.startScanning(request) }
+    func stopScanning() async { await base.stopScanning() }
+    func connect(_ address: BLEAddress, adapter: String, timeout: Duration) async throws(BLEError) -> any BLELink {
+        try await base.connect(address, adapter: adapter, timeout: timeout)
+    }
+    func removeDevice(_ address: BLEAddress, adapter: String) async throws(BLEError) {
+        try await base.removeDevice(address, adapter: adapter)
+    }
+    func close() async { await base.close() }
+}
