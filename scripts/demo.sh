@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
-# The demo: on a fresh Debian 12 machine, installs what it needs, builds blebridge and bluez-sim, starts the simulated
-# sensors of config/demo-scenario.yaml on a private D-Bus (nothing touches a real bluetoothd), and shows what the
-# blebridge tools see: decoded advertisements, a GATT tree with decoded values, live decoded notifications and a
-# write echoed back. Cleans up on exit. DEMO_COUNT=N sets how many heart-rate notifications to show (default 10).
+# The bridge demo: on a fresh Debian 12 machine, installs what it needs, builds, starts the simulated sensors of
+# config/demo-scenario.yaml on a private D-Bus (bluez-sim; nothing touches a real bluetoothd), a private mosquitto on
+# a free loopback port, and `blebridge run --config config/demo.yaml`, then prints the live MQTT traffic
+# (`topic payload` per line), sends one /set and one /get and shows their results.
+# Runs until interrupted, or for --seconds N. Cleans up on exit. The tools demo is scripts/demo-tools.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+SECONDS_TO_RUN=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --seconds) SECONDS_TO_RUN="${2:?--seconds needs a number}"; shift 2 ;;
+        --seconds=*) SECONDS_TO_RUN="${1#--seconds=}"; shift ;;
+        -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+        *) echo "usage: scripts/demo.sh [--seconds N]" >&2; exit 64 ;;
+    esac
+done
 
 bash scripts/install-deps.sh
 [ -d /opt/swift/usr/bin ] && export PATH="/opt/swift/usr/bin:$PATH"
@@ -13,52 +24,56 @@ echo "== build"
 swift build --product bluez-sim 2>&1 | grep -vE '^\[[0-9]+/[0-9]+\]' || { echo "build failed" >&2; exit 1; }
 swift build --product blebridge 2>&1 | grep -vE '^\[[0-9]+/[0-9]+\]' || { echo "build failed" >&2; exit 1; }
 BIN="$(swift build --show-bin-path)"
-COUNT="${DEMO_COUNT:-10}"
 
-echo "== start bluez-sim (config/demo-scenario.yaml) on a private bus"
-OUT="$(mktemp)"
-"$BIN/bluez-sim" --spawn-bus --scenario config/demo-scenario.yaml >"$OUT" 2>&1 &
-SIM=$!
+WORK="$(mktemp -d)"
+PIDS=()
 cleanup() {
-    kill "$SIM" 2>/dev/null || true
-    wait "$SIM" 2>/dev/null || true
-    rm -f "$OUT"
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$WORK"
 }
 trap cleanup EXIT
-for _ in $(seq 1 200); do grep -q "bluez-sim: ready" "$OUT" && break; sleep 0.05; done
-grep -q "bluez-sim: ready" "$OUT" || { cat "$OUT" >&2; echo "bluez-sim did not start" >&2; exit 1; }
-export DBUS_SYSTEM_BUS_ADDRESS="$(sed -n 's/^DBUS_SYSTEM_BUS_ADDRESS=//p' "$OUT" | head -1)"
-sed -n 's/^bluez-sim: //p' "$OUT"
+trap 'exit 0' INT TERM
 
-STRAP=A0:9E:1A:4F:2C:11     # heart-rate strap
-THERMO=00:09:1F:84:6C:21    # health thermometer (indications)
-ENV=D4:3A:2C:7E:10:05       # environmental sensor
-ECHO=F1:E2:D3:C4:B5:A6      # writable device: writes to RX come back as notifications on TX
+PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+echo "== start mosquitto on 127.0.0.1:$PORT"
+printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\n' "$PORT" >"$WORK/mosquitto.conf"
+MOSQUITTO="$(command -v mosquitto || echo /usr/sbin/mosquitto)"
+"$MOSQUITTO" -c "$WORK/mosquitto.conf" >"$WORK/mosquitto.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.05; done
 
-echo; echo "== bluetoothctl (BlueZ's own client) sees the simulated adapter"
-bluetoothctl list
+echo "== start bluez-sim (config/demo-scenario.yaml) on a private bus"
+"$BIN/bluez-sim" --spawn-bus --scenario config/demo-scenario.yaml >"$WORK/sim.out" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 1 200); do grep -q "bluez-sim: ready" "$WORK/sim.out" && break; sleep 0.05; done
+grep -q "bluez-sim: ready" "$WORK/sim.out" || { cat "$WORK/sim.out" >&2; echo "bluez-sim did not start" >&2; exit 1; }
+export DBUS_SYSTEM_BUS_ADDRESS="$(sed -n 's/^DBUS_SYSTEM_BUS_ADDRESS=//p' "$WORK/sim.out" | head -1)"
+sed -n 's/^bluez-sim: //p' "$WORK/sim.out"
 
-echo; echo "== blebridge scan --duration 3   (advertisements, decoded where a parser exists)"
-"$BIN/blebridge" scan --duration 3
+sed "s|mqtt://127.0.0.1:1883|mqtt://127.0.0.1:$PORT|" config/demo.yaml >"$WORK/demo.yaml"
+echo "== live MQTT traffic (topic payload), Home Assistant discovery left out"
+mosquitto_sub -p "$PORT" -v -t 'blebridge/#' &
+PIDS+=($!)
+sleep 0.3
+echo "== blebridge run --config config/demo.yaml   (its log goes to stderr)"
+"$BIN/blebridge" run --config "$WORK/demo.yaml" &
+BRIDGE=$!
+PIDS=("$BRIDGE" "${PIDS[@]}")
 
-echo; echo "== blebridge explore $STRAP   (GATT tree, readable values decoded)"
-"$BIN/blebridge" explore "$STRAP"
-
-echo; echo "== blebridge notify $STRAP heart_rate_measurement --count $COUNT   (live, decoded)"
-"$BIN/blebridge" notify "$STRAP" heart_rate_measurement --count "$COUNT"
-
-echo; echo "== blebridge notify $THERMO temperature_measurement --count 2   (indications)"
-"$BIN/blebridge" notify "$THERMO" temperature_measurement --count 2
-
-echo; echo "== blebridge notify $ENV 2A6E --count 3   (environmental temperature)"
-"$BIN/blebridge" notify "$ENV" 2A6E --count 3
-
-echo; echo "== blebridge write $ECHO <RX> 'hello' while listening on <TX>"
-"$BIN/blebridge" notify "$ECHO" 6e400003-b5a3-f393-e0a9-e50e24dcca9e --count 1 &
-LISTENER=$!
+sleep 6
+echo "== /set: blebridge/echo/set {\"message\":\"hello\",\"transaction\":1}   (echoed back as the 'echo' field)"
+mosquitto_pub -p "$PORT" -t blebridge/echo/set -m '{"message":"hello","transaction":1}'
 sleep 1
-"$BIN/blebridge" write "$ECHO" 6e400002-b5a3-f393-e0a9-e50e24dcca9e 68656c6c6f
-wait "$LISTENER"
+echo "== /get: blebridge/chest_strap/get {\"battery_pct\":\"\",\"transaction\":2}"
+mosquitto_pub -p "$PORT" -t blebridge/chest_strap/get -m '{"battery_pct":"","transaction":2}'
 
-echo; echo "== blebridge decode gatt 2A37 164a0e01   (the decoder on its own)"
-"$BIN/blebridge" decode gatt 2A37 164a0e01
+if [ "$SECONDS_TO_RUN" != 0 ]; then
+    sleep "$(python3 -c "print(max(0, float('$SECONDS_TO_RUN') - 7))")"
+    kill -TERM "$BRIDGE" 2>/dev/null || true
+    wait "$BRIDGE" 2>/dev/null || true
+    sleep 0.3
+    echo "== stopped after $SECONDS_TO_RUN s"
+else
+    wait "$BRIDGE"
+fi
