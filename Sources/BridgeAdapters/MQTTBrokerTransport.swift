@@ -111,8 +111,12 @@ public final class MQTTBrokerTransport: MQTTTransport {
     /// Connection states.
     public func states() -> AsyncStream<BridgeTransportState> {
         let states = client.connectionStates()
+        // The stream's first element is the state read just before it was registered; a change in between would be
+        // lost, so the state now (after registration) goes first. A repeated or stale state is harmless here.
+        let now = client.connectionState
         return AsyncStream { continuation in
             let task = Task {
+                if case .connected = now { continuation.yield(.connected) }
                 for await s in states {
                     switch s {
                     case .connected: continuation.yield(.connected)

@@ -1,0 +1,336 @@
+"""`blebridge run` end to end: bluez-sim (the demo scenario) on a private bus, a private mosquitto, the bridge binary,
+and paho-mqtt checking the MQTT contract from outside."""
+import json
+import subprocess
+import time
+
+import pytest
+
+from bridge_fixtures import BridgeProcess, Judge, demo_config, free_port, rig, broker, demo_sim  # noqa: F401
+from conftest import bin_dir
+from sim_fixtures import HR_STRAP, BTHOME, ECHO, ENVIRO, THERMOMETER, start_simulator
+
+
+def online(state):
+    return lambda v: v == {"state": state}
+
+
+def test_streams_connected_and_passive_devices(rig):
+    bridge = rig.bridge()
+    j = rig.judge
+    j.wait_json("blebridge/bridge/state", online("online"))
+    hr = j.wait_json("blebridge/chest_strap", lambda v: "heart_rate_bpm" in v)
+    assert hr["heart_rate_bpm"] in (72, 73, 74, 75) and hr["sensor_contact"] is True
+    assert isinstance(hr["rssi"], int) and hr["last_seen"].endswith("Z")
+    j.wait_json("blebridge/chest_strap", lambda v: v.get("battery_pct") == 90)  # poll: read after connecting
+    balcony = j.wait_json("blebridge/balcony", lambda v: "temperature_c" in v)
+    assert balcony["temperature_c"] in (25.06, 25.1, 25.14) and balcony["battery_pct"] == 93
+    j.wait_json("blebridge/ruuvi", lambda v: v.get("pressure_pa") in (100044, 100042, 100041))
+    j.wait_json("blebridge/enviro", lambda v: "humidity_pct" in v and "temperature_c" in v)
+    j.wait_json("blebridge/ear_thermometer", lambda v: v.get("temperature_type_name") == "ear")
+    for device in ("chest_strap", "balcony", "ruuvi", "enviro", "ear_thermometer", "echo"):
+        j.wait_json(f"blebridge/{device}/availability", online("online"))
+    # Retained bridge topics, seen by a client that connects later.
+    late = Judge(rig.broker.port, filters=("blebridge/bridge/#",))
+    try:
+        late.wait(lambda m: any(t == "blebridge/bridge/info" and r for _, t, _, r in m), what="retained info")
+        info = late.json_on("blebridge/bridge/info")[-1]
+        assert info["adapters"][0]["name"] == "hci0" and info["config"]["mqtt"]["base_topic"] == "blebridge"
+        devices = late.wait_json("blebridge/bridge/devices", lambda v: len(v) == 6)
+        strap = next(d for d in devices if d["id"] == "chest_strap")
+        assert strap["mode"] == "connected" and strap["address"] in (None, HR_STRAP)
+        assert [m for m in late.snapshot() if m[1] == "blebridge/bridge/state"][-1][3], "bridge/state is retained"
+    finally:
+        late.close()
+    assert bridge.proc.poll() is None
+
+
+def test_set_and_get_report_their_results(rig):
+    rig.bridge()
+    j = rig.judge
+    j.wait_json("blebridge/echo/availability", online("online"))
+    start = time.monotonic()
+    j.publish("blebridge/echo/set", {"message": "hello", "transaction": 42})
+    result = j.wait_json("blebridge/echo/set/result", after=start)
+    assert result == {"status": "ok", "data": {"message": "hello"}, "transaction": 42}
+    j.wait_json("blebridge/echo", lambda v: v.get("echo") == "hello", after=start)
+    writes = rig.sim.control("GetWrites", f"string:{ECHO}")
+    assert "0x68 0x65 0x6c 0x6c 0x6f" in writes.replace("  ", " ") or "hello" in writes or "68" in writes
+    # /set/<name> with a plain value.
+    t1 = time.monotonic()
+    j.publish("blebridge/echo/set/message", "plain")
+    j.wait_json("blebridge/echo/set/result", lambda v: v["status"] == "ok", after=t1)
+    j.wait_json("blebridge/echo", lambda v: v.get("echo") == "plain", after=t1)
+    # /get reads now.
+    j.wait_json("blebridge/chest_strap/availability", online("online"))
+    t2 = time.monotonic()
+    j.publish("blebridge/chest_strap/get", {"battery_pct": "", "transaction": "b"})
+    got = j.wait_json("blebridge/chest_strap/get/result", after=t2)
+    assert got == {"status": "ok", "data": {"battery_pct": 90}, "transaction": "b"}
+
+
+@pytest.mark.parametrize("topic,payload,error", [
+    ("blebridge/echo/set", "not json", "invalid JSON at offset 0"),
+    ("blebridge/echo/set", "[1,2]", "must be a JSON object"),
+    ("blebridge/echo/set", '{"nope": 1}', "'nope' is not writable on echo"),
+    ("blebridge/nosuch/set", '{"message": "x"}', "unknown device 'nosuch'"),
+    ("blebridge/balcony/set", '{"temperature_c": 1}', "not writable"),
+    ("blebridge/chest_strap/get", '{"no_such_field": ""}', "no readable characteristic"),
+])
+def test_bad_commands_get_a_clear_error_and_streaming_goes_on(rig, topic, payload, error):
+    rig.bridge()
+    j = rig.judge
+    j.wait_json("blebridge/echo/availability", online("online"))
+    start = time.monotonic()
+    j.publish(topic, payload)
+    result_topic = topic + "/result"
+    result = j.wait_json(result_topic, after=start)
+    assert result["status"] == "error" and error in result["error"], result
+    log = j.wait_json("blebridge/bridge/logging", lambda v: error in v["message"], after=start)
+    assert log["level"] == "warning"
+    j.wait_json("blebridge/chest_strap", lambda v: "heart_rate_bpm" in v, after=time.monotonic())
+
+
+def test_oversized_and_hostile_payloads(rig):
+    rig.bridge()
+    j = rig.judge
+    j.wait_json("blebridge/echo/availability", online("online"))
+    start = time.monotonic()
+    j.publish("blebridge/echo/set", '{"message":"' + "x" * 70000 + '"}')
+    r = j.wait_json("blebridge/echo/set/result", after=start)
+    assert r["status"] == "error" and "max_payload" in r["error"]
+    t = time.monotonic()
+    j.publish("blebridge/echo/set", "[" * 10000)
+    r = j.wait_json("blebridge/echo/set/result", after=t)
+    assert r["status"] == "error" and "nested deeper" in r["error"]
+    # Wildcards and $ cannot be injected through a device name: such topics never reach a device.
+    j.publish("blebridge/bridge/request/devices", "")
+    devices = j.wait_json("blebridge/bridge/response/devices", after=t)
+    assert devices["status"] == "ok"
+    j.wait_json("blebridge/chest_strap", lambda v: "heart_rate_bpm" in v, after=time.monotonic())
+
+
+def test_link_drop_comes_back(rig):
+    bridge = rig.bridge()
+    j = rig.judge
+    j.wait_json("blebridge/chest_strap/availability", online("online"))
+    start = time.monotonic()
+    rig.sim.control("Disconnect", f"string:{HR_STRAP}", "string:remote")
+    j.wait_json("blebridge/chest_strap/availability", online("offline"), after=start)
+    event = j.wait_json("blebridge/bridge/event", lambda v: v["type"] == "disconnected", after=start)
+    assert event["data"]["id"] == "chest_strap"
+    j.wait_json("blebridge/chest_strap/availability", online("online"), after=start, timeout=30)
+    back = time.monotonic()
+    j.wait_json("blebridge/chest_strap", lambda v: "heart_rate_bpm" in v, after=back)
+    assert "reconnecting" in bridge.log()
+
+
+def test_injected_connect_abort_is_retried(broker):
+    sim = start_simulator()
+    j = Judge(broker.port)
+    bridge = None
+    try:
+        sim.control("InjectFault", f"string:{ENVIRO}", "string:le-connection-abort-by-local", "string:{count: 4}")
+        bridge = BridgeProcess(demo_config(broker.port), sim.env)
+        j.wait_json("blebridge/enviro/availability", online("online"), timeout=40)
+        j.wait_json("blebridge/enviro", lambda v: "temperature_c" in v)
+        log = bridge.log()
+        assert "le-connection-abort-by-local" in log and "retrying in" in log
+    finally:
+        if bridge:
+            bridge.close()
+        j.close()
+        sim.stop()
+
+
+def test_bluetoothd_restart_is_survived(rig):
+    bridge = rig.bridge()
+    j = rig.judge
+    j.wait_json("blebridge/chest_strap/availability", online("online"))
+    j.wait_json("blebridge/balcony", lambda v: "temperature_c" in v)
+    start = time.monotonic()
+    rig.sim.control("RestartDaemon", "double:1")
+    j.wait_json("blebridge/chest_strap/availability", online("offline"), after=start, timeout=20)
+    j.wait_json("blebridge/chest_strap/availability", online("online"), after=start, timeout=45)
+    back = time.monotonic()
+    j.wait_json("blebridge/chest_strap", lambda v: "heart_rate_bpm" in v, after=back)
+    j.wait_json("blebridge/balcony", lambda v: "temperature_c" in v, after=back, timeout=30)
+    j.wait_json("blebridge/enviro/availability", online("online"), after=start, timeout=45)
+    assert bridge.proc.poll() is None
+    assert "bluetoothd" in bridge.log()
+
+
+def test_state_published_while_the_broker_is_down_arrives_after(broker, demo_sim):
+    sub = Judge(broker.port, filters=("blebridge/chest_strap",), client_id="judge-persistent", persistent=True)
+    bridge = BridgeProcess(demo_config(broker.port), demo_sim.env)
+    try:
+        sub.wait_json("blebridge/chest_strap", lambda v: "heart_rate_bpm" in v)
+        broker.stop()
+        down_at = time.time()
+        time.sleep(4)  # the strap notifies at 1 Hz: about four readings are made while the broker is away
+        up_at = time.time()
+        broker.start()
+
+        def stamps(msgs):
+            out = []
+            for _, t, p, _ in msgs:
+                if t == "blebridge/chest_strap" and p:
+                    v = json.loads(p)
+                    if "last_seen" in v:
+                        out.append(v["last_seen"])
+            return out
+
+        def made_while_down(msgs):
+            import datetime
+            n = 0
+            for s in stamps(msgs):
+                ts = datetime.datetime.strptime(s, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+                    tzinfo=datetime.timezone.utc).timestamp()
+                if down_at + 0.5 < ts < up_at - 0.5:
+                    n += 1
+            return n >= 2
+
+        sub.wait(made_while_down, timeout=30, what="readings made while the broker was down")
+        assert bridge.proc.poll() is None, "the bridge survived the broker going away"
+    finally:
+        bridge.close()
+        sub.close()
+
+
+def test_home_assistant_discovery(rig):
+    rig.bridge()
+    j = rig.judge
+    cfg = j.wait_json("homeassistant/device/blebridge_chest_strap/config",
+                      lambda v: "blebridge_chest_strap_heart_rate_bpm" in v.get("cmps", {}))
+    assert cfg["dev"]["ids"] == ["blebridge_chest_strap"]
+    assert cfg["dev"]["via_device"].startswith("blebridge_bridge_")
+    assert cfg["o"]["name"] == "blebridge"
+    assert cfg["availability_mode"] == "all"
+    assert [a["topic"] for a in cfg["availability"]] == ["blebridge/bridge/state", "blebridge/chest_strap/availability"]
+    assert cfg["state_topic"] == "blebridge/chest_strap"
+    hr = cfg["cmps"]["blebridge_chest_strap_heart_rate_bpm"]
+    assert hr["p"] == "sensor" and hr["unit_of_measurement"] == "bpm" and hr["state_class"] == "measurement"
+    assert hr["unique_id"] == "blebridge_chest_strap_heart_rate_bpm"
+    battery = cfg["cmps"]["blebridge_chest_strap_battery_pct"]
+    assert battery["device_class"] == "battery" and battery["unit_of_measurement"] == "%"
+    rssi = cfg["cmps"]["blebridge_chest_strap_rssi"]
+    assert rssi["entity_category"] == "diagnostic" and rssi["device_class"] == "signal_strength"
+    assert "blebridge_chest_strap_rr_intervals_s" not in cfg["cmps"], "lists are not entities"
+    balcony = j.wait_json("homeassistant/device/blebridge_balcony/config",
+                          lambda v: "blebridge_balcony_temperature_c" in v.get("cmps", {}))
+    t = balcony["cmps"]["blebridge_balcony_temperature_c"]
+    assert t["device_class"] == "temperature" and t["unit_of_measurement"] == "°C"
+    echo = j.wait_json("homeassistant/device/blebridge_echo/config", lambda v: "blebridge_echo_message" in v["cmps"])
+    assert echo["cmps"]["blebridge_echo_message"]["command_topic"] == "blebridge/echo/set/message"
+    bridge_dev = j.wait_json(f"homeassistant/device/{cfg['dev']['via_device']}/config", timeout=5)
+    assert bridge_dev["dev"]["ids"] == [cfg["dev"]["via_device"]]
+    # Home Assistant's birth message asks for discovery again.
+    start = time.monotonic()
+    j.publish("homeassistant/status", "online")
+    j.wait_json("homeassistant/device/blebridge_chest_strap/config", after=start)
+
+
+def test_bridge_request_api(rig):
+    rig.bridge()
+    j = rig.judge
+    j.wait_json("blebridge/chest_strap/availability", online("online"))
+    t = time.monotonic()
+    j.publish("blebridge/bridge/request/health_check", {"transaction": 1})
+    h = j.wait_json("blebridge/bridge/response/health_check", after=t)
+    assert h["status"] == "ok" and h["data"]["healthy"] is True and h["transaction"] == 1
+    t = time.monotonic()
+    j.publish("blebridge/bridge/request/scan", {"duration": 2})
+    s = j.wait_json("blebridge/bridge/response/scan", after=t)
+    found = {d["address"]: d for d in s["data"]["devices"]}
+    assert BTHOME in found and "bthome_v2" in found[BTHOME]["decoded"]
+    t = time.monotonic()
+    j.publish("blebridge/bridge/request/device/read", {"id": "chest_strap", "characteristic": "2A19"})
+    r = j.wait_json("blebridge/bridge/response/device/read", after=t)
+    assert r["status"] == "ok" and r["data"]["value"] == "5a" and r["data"]["decoded"] == {"battery_pct": 90}
+    t = time.monotonic()
+    j.publish("blebridge/bridge/request/device/disconnect", {"id": "enviro"})
+    j.wait_json("blebridge/bridge/response/device/disconnect", lambda v: v["status"] == "ok", after=t)
+    j.wait_json("blebridge/enviro/availability", online("offline"), after=t)
+    t = time.monotonic()
+    j.publish("blebridge/bridge/request/device/connect", {"id": "enviro"})
+    j.wait_json("blebridge/bridge/response/device/connect", lambda v: v["status"] == "ok", after=t)
+    j.wait_json("blebridge/enviro/availability", online("online"), after=t, timeout=30)
+    t = time.monotonic()
+    j.publish("blebridge/bridge/request/frobnicate", {})
+    e = j.wait_json("blebridge/bridge/response/frobnicate", after=t)
+    assert e["status"] == "error" and "unknown request" in e["error"]
+
+
+def test_mqtt5_response_topic_and_correlation_data(rig):
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+    rig.bridge()
+    j = Judge(rig.broker.port, filters=("replies/#", "blebridge/bridge/state"))
+    try:
+        j.wait_json("blebridge/bridge/state", online("online"))
+        props = Properties(PacketTypes.PUBLISH)
+        props.ResponseTopic = "replies/me"
+        props.CorrelationData = b"\x01\x02"
+        j.client.publish("blebridge/bridge/request/devices", "{}", qos=1, properties=props).wait_for_publish(10)
+        j.wait(lambda m: any(t == "replies/me" for _, t, _, _ in m), what="the response on the response topic")
+    finally:
+        j.close()
+
+
+def test_sigterm_shuts_down_in_order(rig):
+    bridge = rig.bridge()
+    j = rig.judge
+    j.wait_json("blebridge/chest_strap/availability", online("online"))
+    start = time.monotonic()
+    assert bridge.stop(timeout=10) == 0
+    assert time.monotonic() - start < 10
+    j.wait_json("blebridge/chest_strap/availability", online("offline"), after=start)
+    j.wait_json("blebridge/balcony/availability", online("offline"), after=start)
+    j.wait_json("blebridge/bridge/state", online("offline"), after=start)
+    counters = rig.sim.counters()
+    assert counters["devices_connected"] == 0, f"every device was disconnected on purpose; log:\n{bridge.log()}"
+
+
+def test_bridge_killed_leaves_its_will(rig):
+    bridge = rig.bridge()
+    j = rig.judge
+    j.wait_json("blebridge/bridge/state", online("online"))
+    start = time.monotonic()
+    bridge.proc.kill()
+    j.wait_json("blebridge/bridge/state", online("offline"), after=start, timeout=10)
+
+
+def test_check_config_reports_every_problem_with_its_path(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "mqtt: {url: mqtt://127.0.0.1:1883, qoss: 1}\n"
+        "devices:\n"
+        "  - {name: a, match: {address: \"AA:BB\"}, mode: passive}\n"
+        "  - {name: b, match: {service: \"180D\"}, mode: sometimes}\n")
+    r = subprocess.run([str(bin_dir() / "blebridge"), "check-config", str(bad)], capture_output=True, text=True)
+    assert r.returncode == 78, r
+    assert 'devices[0].match.address: "AA:BB" is not a Bluetooth address' in r.stderr
+    assert "mqtt.qoss: unknown key (did you mean 'qos'?)" in r.stderr
+    assert 'devices[1].mode: "sometimes" is not one of' in r.stderr
+    good = subprocess.run([str(bin_dir() / "blebridge"), "check-config", "config/demo.yaml"], capture_output=True,
+                          text=True)
+    assert good.returncode == 0, good.stderr
+    effective = json.loads(good.stdout)
+    assert [d["id"] for d in effective["devices"]][:2] == ["chest_strap", "ear_thermometer"]
+    secret = tmp_path / "secret.yaml"
+    secret.write_text("mqtt: {url: mqtt://127.0.0.1:1883, username: u, password: hunter2}\n")
+    s = subprocess.run([str(bin_dir() / "blebridge"), "check-config", str(secret)], capture_output=True, text=True)
+    assert s.returncode == 0 and "hunter2" not in s.stdout and "***" in s.stdout
+
+
+def test_run_rejects_a_bad_config_and_a_missing_adapter(broker, demo_sim, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("mqtt: {url: ftp://x}\n")
+    r = subprocess.run([str(bin_dir() / "blebridge"), "run", "--config", str(bad)], capture_output=True, text=True,
+                       env=demo_sim.env, timeout=20)
+    assert r.returncode == 78 and "mqtt.url" in r.stderr
+    missing = tmp_path / "missing.yaml"
+    missing.write_text(f"mqtt: {{url: mqtt://127.0.0.1:{broker.port}}}\nbluetooth: {{adapters: [hci7]}}\n")
+    r = subprocess.run([str(bin_dir() / "blebridge"), "run", "--config", str(missing)], capture_output=True,
+                       text=True, env=demo_sim.env, timeout=20)
+    assert r.returncode == 78 and "hci7 not found" in r.stderr
