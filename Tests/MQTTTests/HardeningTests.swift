@@ -1,0 +1,277 @@
+// What a client that runs for months meets sooner or later: a broker that drops it in the middle of a write, a
+// connection that breaks while QoS 1 messages are in flight, oversized or too many incoming messages, and owners
+// that give up waiting.
+import Foundation
+import Synchronization
+import TestSupport
+import Testing
+
+@testable import MQTT
+
+/// What a scripted broker saw and acknowledged, shared between its session threads and the test.
+final class PublishLog: Sendable {
+    private struct State {
+        var packetIDs: [[UInt8]: Set<UInt16>] = [:]
+        var packets = 0
+        var acknowledged: Set<[UInt8]> = []
+    }
+    private let state = Mutex(State())
+    /// PUBACKs sent, for pacing the publisher.
+    let acknowledgedCount = Atomic<Int>(0)
+
+    func received(_ publish: WirePacket.Publish) {
+        state.withLock { state in
+            state.packets += 1
+            state.packetIDs[publish.payload, default: []].insert(publish.packetID ?? 0)
+        }
+    }
+
+    /// Called before the PUBACK goes out, so a delivery the client finished legitimately is always recorded.
+    func acknowledging(_ payload: [UInt8]) {
+        state.withLock { _ = $0.acknowledged.insert(payload) }
+        acknowledgedCount.add(1, ordering: .relaxed)
+    }
+
+    func isAcknowledged(_ payload: [UInt8]) -> Bool { state.withLock { $0.acknowledged.contains(payload) } }
+
+    /// Payloads that arrived under more than one packet id: sent again as new messages, not resent.
+    var payloadsSentAsTwoMessages: [String] {
+        state.withLock { state in
+            state.packetIDs.filter { $0.value.count > 1 }.map { String(decoding: $0.key, as: UTF8.self) }.sorted()
+        }
+    }
+
+    var distinctPayloads: Int { state.withLock { $0.packetIDs.count } }
+}
+
+@Suite struct HardeningTests {
+    // MARK: SIGPIPE
+
+    @Test func brokerDroppingUsMidWriteDoesNotKillTheProcess() async throws {
+        // The first connection reads 1 MB of the burst, then half-closes (FIN: the client is in CLOSE_WAIT and its
+        // writes still succeed), reads on, and closes with data unread (RST). The client's next write after the
+        // reset raises SIGPIPE, whose default action ends the process. Later connections are accepted and held.
+        let broker = try ScriptedBroker { connection in
+            guard let connect = connection.readPacket(), let level = connect.connectProtocolLevel else { return }
+            guard connection.send(WirePacket.connack(isV5: level == 5)) else { return }
+            if connection.index == 0 {
+                connection.discard(untilTotal: 1 << 20)
+                connection.shutdownWrite()
+                connection.discard(untilTotal: 2 << 20)
+            } else {
+                while connection.readPacket() != nil {}
+            }
+        }
+        let child = try ChildProcess(
+            executable: Fixtures.executable("bench-mqtt"),
+            arguments: ["burst", "--port", "\(broker.port)", "--count", "2000", "--payload", "16384"])
+        let status = try await child.waitForExit(timeout: 20)
+        let reason = child.process.terminationReason
+        #expect(
+            reason == .exit && status == 0,
+            "bench-mqtt burst ended by \(reason == .uncaughtSignal ? "signal" : "exit") \(status); stdout: \(child.stdout); stderr: \(child.stderr)"
+        )
+        // Ignored from the start, not only once libmosquitto 2.0.11's mosquitto_new() ignores it as a side effect
+        // (2.0.15 dropped that; TLS writes still go through write(2) inside OpenSSL).
+        #expect(child.stdout.hasPrefix("SIGPIPE: ignored\nconnected\n"), "\(child.stdout)")
+        #expect(child.stdout.contains("lost connection: connection to MQTT broker mqtt://127.0.0.1:\(broker.port)"))
+        #expect(child.stdout.contains("reconnecting (attempt 1)") && child.stdout.contains("stopped"))
+    }
+
+    // MARK: QoS 1 across broken connections
+
+    @Test func qos1AcrossBrokenConnectionsIsSentOnceAndAcknowledgedOnlyByItsOwnPuback() async throws {
+        // The scripted broker acknowledges every PUBLISH at once, but drops the first connections after 1500
+        // PUBLISHes each, while the publisher is writing. Publishes that reach libmosquitto just after it closed the
+        // socket (and before its disconnect callback) come back as MOSQ_ERR_NO_CONN, yet libmosquitto keeps QoS 1/2
+        // ones and resends them (same packet id, DUP) after reconnecting. 80,000 messages take the 16-bit packet
+        // ids round once, so a PUBACK remembered for an id that never got a waiter would acknowledge a later message.
+        let total = 80_000
+        let droppedConnections = 8
+        let log = PublishLog()
+        let broker = try ScriptedBroker { connection in
+            guard let connect = connection.readPacket(), let level = connect.connectProtocolLevel else { return }
+            let isV5 = level == 5
+            guard connection.send(WirePacket.connack(isV5: isV5)) else { return }
+            var received = 0
+            while let packet = connection.readPacket() {
+                guard let publish = packet.publish(isV5: isV5), let packetID = publish.packetID else { continue }
+                log.received(publish)
+                received += 1
+                if connection.index < droppedConnections && received == 1500 { return }  // unread data: RST
+                log.acknowledging(publish.payload)
+                guard connection.send(WirePacket.puback(packetID)) else { return }
+            }
+        }
+        var settings = MQTTConfiguration(broker: MQTTBrokerURL(host: "127.0.0.1", port: broker.port))
+        settings.reconnect = MQTTReconnectPolicy(initialDelay: .milliseconds(10), maximumDelay: .milliseconds(20))
+        settings.maxInflightMessages = 32_768
+        settings.offlineQueueCapacity = total
+        let client = try await connectedClient(settings)
+        // Off the cooperative pool: a tight loop, paced to stay about 2000 messages ahead of the broker's PUBACKs so
+        // that it is publishing directly (not queueing behind a full window) when each connection drops.
+        let (deliveries, earlyFinished) = try await offPool { () -> ([MQTTDelivery], [Int]) in
+            var deliveries: [MQTTDelivery] = []
+            var earlyFinished: [Int] = []
+            deliveries.reserveCapacity(total)
+            let deadline = Date().addingTimeInterval(30)
+            for index in 0..<total {
+                while index - log.acknowledgedCount.load(ordering: .relaxed) > 2000 && Date() < deadline {
+                    sched_yield()
+                }
+                let payload = Array("\(index)".utf8)
+                let delivery = try client.send(MQTTOutgoingMessage(topic: "q1", payload: payload, qos: .atLeastOnce))
+                // Finished before send returned: only right if the broker already acknowledged this very message.
+                if delivery.isFinished && !log.isAcknowledged(payload) { earlyFinished.append(index) }
+                deliveries.append(delivery)
+            }
+            return (deliveries, earlyFinished)
+        }
+        for delivery in deliveries { try await within(20, "acknowledgement") { try await delivery.acknowledged() } }
+        #expect(earlyFinished.isEmpty, "finished without their PUBACK: \(earlyFinished.prefix(20))")
+        let twice = log.payloadsSentAsTwoMessages
+        #expect(twice.isEmpty, "\(twice.count) messages sent twice under new packet ids: \(twice.prefix(20))")
+        #expect(log.distinctPayloads == total)
+        #expect(client.statistics.connections == droppedConnections + 1)
+        #expect(client.statistics.acknowledged == total)
+        await client.disconnect()
+    }
+
+    // MARK: Cancellation
+
+    @Test func cancelledConnectStopsWaitingAtOnce() async throws {
+        // The first attempt hangs in a TCP connect that nobody answers; cancelling connect() must end the wait now,
+        // not when the kernel gives up on the connect (about two minutes).
+        let blackhole = try BlackholeListener()
+        let client = try MQTTClient(
+            configuration: MQTTConfiguration(broker: MQTTBrokerURL(host: "127.0.0.1", port: blackhole.port)))
+        let ended = Completion<Void>()
+        let outcome = Mutex<MQTTError?>(nil)
+        let connecting = Task {
+            do {
+                try await client.connect()
+            } catch {
+                outcome.withLock { $0 = error as? MQTTError }
+            }
+            ended.complete(.success(()))
+        }
+        try await client.waitForState("the first attempt is under way") { $0 == .connecting(attempt: 1) }
+        connecting.cancel()
+        try await eventually(3, "connect() returns after cancellation") { ended.result != nil }
+        #expect(outcome.withLock { $0?.code } == .cancelled)
+        _ = blackhole
+    }
+
+    @Test func cancelledDisconnectStopsWaitingAtOnce() async throws {
+        let blackhole = try BlackholeListener()
+        let client = try MQTTClient(
+            configuration: MQTTConfiguration(broker: MQTTBrokerURL(host: "127.0.0.1", port: blackhole.port)))
+        try client.start()
+        try await client.waitForState("the first attempt is under way") { $0 == .connecting(attempt: 1) }
+        let ended = Completion<Void>()
+        let disconnecting = Task {
+            await client.disconnect()
+            ended.complete(.success(()))
+        }
+        disconnecting.cancel()
+        try await eventually(3, "disconnect() returns after cancellation") { ended.result != nil }
+        _ = blackhole
+    }
+}
+
+@Suite struct IncomingSizeTests {
+    @Test func mqtt5BrokerNeverForwardsPacketsOverOurMaximum() async throws {
+        let broker = try await MosquittoBroker.start()
+        var settings = configuration(broker)
+        settings.maximumIncomingPacketSize = 4096
+        let client = try await connectedClient(settings)
+        let messages = client.messages()
+        try await client.subscribe(to: "in/#", qos: .atLeastOnce)
+        let publisher = try await connectedClient(configuration(broker))
+        try await publisher.publish(to: "in/big", payload: [UInt8](repeating: 1, count: 10_000), qos: .atLeastOnce)
+        try await publisher.publish(to: "in/small", payload: [2], qos: .atLeastOnce)
+        // In order per subscriber: had the broker forwarded the big one, it would come first.
+        #expect(try await messages.first(1).map(\.topic) == ["in/small"])
+        // The broker dropped it (it knew our maximum from CONNECT); the client had nothing to drop.
+        #expect(client.statistics.receiveOversizeDropped == 0)
+        #expect(client.statistics.connections == 1 && client.connectionState.isConnected)
+        await publisher.disconnect()
+        await client.disconnect()
+    }
+
+    @Test func mqtt311OversizedMessagesAreDroppedAndCounted() async throws {
+        // MQTT 3.1.1 cannot tell the broker a maximum, so the client drops what is over it and counts.
+        let broker = try await MosquittoBroker.start()
+        var settings = configuration(broker, version: .v311)
+        settings.maximumIncomingPacketSize = 4096
+        let client = try await connectedClient(settings)
+        let messages = client.messages()
+        try await client.subscribe(to: "in/#", qos: .atLeastOnce)
+        let publisher = try await connectedClient(configuration(broker, version: .v311))
+        // A QoS 1 PUBLISH to "in/x" is 1 + 2 (fixed header) + 2 + 4 (topic) + 2 (packet id) + payload bytes: with
+        // 4085 bytes it is exactly the maximum.
+        try await publisher.publish(to: "in/x", payload: [UInt8](repeating: 1, count: 4086), qos: .atLeastOnce)
+        try await publisher.publish(to: "in/x", payload: [UInt8](repeating: 2, count: 4085), qos: .atLeastOnce)
+        try await publisher.publish(to: "in/x", payload: [UInt8](repeating: 3, count: 1_000_000), qos: .atLeastOnce)
+        try await publisher.publish(to: "in/x", payload: [4], qos: .atLeastOnce)
+        let received = try await messages.first(2)
+        #expect(received.map(\.payload.count) == [4085, 1])
+        #expect(client.statistics.receiveOversizeDropped == 2)
+        #expect(client.statistics.received == 2)
+        #expect(client.statistics.connections == 1 && client.connectionState.isConnected)
+        await publisher.disconnect()
+        await client.disconnect()
+    }
+
+    @Test func eachStreamBuffersAtMostReceiveBufferBytes() async throws {
+        let broker = try await MosquittoBroker.start()
+        var settings = configuration(broker)
+        settings.maximumIncomingPacketSize = 4096
+        settings.receiveBufferBytes = 10_000
+        let client = try await connectedClient(settings)
+        let slow = client.messages()  // nobody reads it for now
+        let other = client.messages(matching: "none")  // filtered out: still buffered, so it drops as well
+        try await client.subscribe(to: "buf/#", qos: .atLeastOnce)
+        let publisher = try await connectedClient(configuration(broker))
+        // Each message counts its payload and topic: 3000 + 5 bytes; three fit in 10,000, the fourth and fifth not.
+        for index in 0..<5 {
+            try await publisher.publish(
+                to: "buf/x", payload: [UInt8](repeating: UInt8(index), count: 3000), qos: .atLeastOnce)
+        }
+        try await eventually(5, "five messages received") { client.statistics.received == 5 }
+        #expect(client.statistics.receiveDropped == 4)  // two for each stream
+        #expect(try await slow.first(3).map { $0.payload.first } == [0, 1, 2])
+        // Read out, the buffer takes new messages again.
+        try await publisher.publish(to: "buf/x", payload: [UInt8](repeating: 9, count: 3000), qos: .atLeastOnce)
+        #expect(try await slow.first(1).map { $0.payload.first } == [9])
+        #expect(client.connectionState.isConnected)
+        _ = other
+        await publisher.disconnect()
+        await client.disconnect()
+    }
+
+    @Test func sizeSettingsAreValidated() throws {
+        var settings = MQTTConfiguration(broker: MQTTBrokerURL(host: "127.0.0.1"))
+        #expect(settings.maximumIncomingPacketSize == 1_048_576)
+        #expect(settings.receiveBufferBytes == 16_777_216)
+        try settings.validate()
+        for bad in [0, 255, 268_435_461] {
+            settings.maximumIncomingPacketSize = bad
+            #expect {
+                try settings.validate()
+            } throws: { error in
+                (error as? MQTTError)?.detail.hasPrefix("maximumIncomingPacketSize: ") == true
+            }
+        }
+        settings.maximumIncomingPacketSize = 4096
+        settings.receiveBufferBytes = 4095
+        #expect {
+            try settings.validate()
+        } throws: { error in
+            (error as? MQTTError)?.detail
+                == "receiveBufferBytes: must be at least maximumIncomingPacketSize (4096), or no message of that size could be buffered"
+        }
+        settings.receiveBufferBytes = 4096
+        try settings.validate()
+    }
+}
