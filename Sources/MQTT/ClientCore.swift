@@ -6,6 +6,12 @@
 // ahead of it, and (for QoS 1/2) while fewer than `maxInflightMessages` await their acknowledgement. Everything else
 // waits in `OutgoingQueue`, which drains in order from the loop thread when the connection comes up or the window
 // opens. libmosquitto's own offline queueing is never used, so the bound and the drop policy are ours.
+//
+// Acknowledgements are matched to waiters by packet id (mid), which libmosquitto assigns inside its publish call and
+// reuses after 65535. `handoff` makes "call libmosquitto, record the waiter under the mid it returned" one step as
+// seen from the acknowledgement callbacks, so an acknowledgement always finds its waiter, and one without a waiter
+// (a QoS 0 "sent" notification, a stray packet id) is dropped instead of being kept for a later message that reuses
+// the id.
 internal import CMosquitto
 import Dispatch
 import Synchronization
@@ -116,16 +122,12 @@ struct CoreState {
     var queue = OutgoingQueue()
     var inflight = 0
     var publishWaiters: [Int32: PendingAck] = [:]
-    var earlyAcks: [Int32: Int32] = [:]
-    var ignoredAcks: Set<Int32> = []
     var subscriptions: [String: Subscription] = [:]
     var subscriptionOrder: [String] = []
     /// Filters removed while disconnected: a resumed session still has them, so they are unsubscribed on connect.
     var pendingUnsubscribes: [String] = []
     var subscribeRequests: [Int32: SubscribeRequest] = [:]
-    var earlySubacks: [Int32: Int32] = [:]
     var unsubscribeWaiters: [Int32: Completion<Void>] = [:]
-    var earlyUnsubacks: Set<Int32> = []
     var statistics = MQTTClientStatistics()
 }
 
@@ -146,6 +148,10 @@ final class ClientCore: Sendable {
     let receiveDropped = Atomic<Int>(0)
     /// The last warning or error libmosquitto logged (TLS failures explain themselves only there).
     let lastLog = Mutex<String?>(nil)
+    /// Held around each libmosquitto publish/subscribe/unsubscribe call together with recording its waiter, and
+    /// taken by the acknowledgement callbacks before they look a waiter up (see the file comment). Never held while
+    /// taking it again: libmosquitto in threaded mode never calls back from inside these calls.
+    private let handoff = Mutex(())
     private let wakeup = DispatchSemaphore(value: 0)
     private let window: Int
     private let isV5: Bool
@@ -491,14 +497,24 @@ final class ClientCore: Sendable {
                 return .failed(error)
             }
         }
-        rc = message.payload.withUnsafeBytes { bytes in
-            mosquitto_publish_v5(
-                handle.raw, &mid, message.topic, Int32(bytes.count), bytes.baseAddress, Int32(message.qos.rawValue),
-                message.retain, properties?.list)
+        // For QoS 1/2, MOSQ_ERR_NO_CONN means libmosquitto found its socket closed (the connection was lost a moment
+        // ago, its disconnect callback has not run yet) but kept the message, and resends it under this mid after
+        // reconnecting: it is in flight like any other, and queueing it again would send it twice.
+        let keptByLibrary = { (rc: Int32) in
+            rc == Mosquitto.success || (rc == MOSQ_ERR_NO_CONN.rawValue && message.qos != .atMostOnce)
+        }
+        rc = handoff.withLock { _ in
+            let rc = message.payload.withUnsafeBytes { bytes in
+                mosquitto_publish_v5(
+                    handle.raw, &mid, message.topic, Int32(bytes.count), bytes.baseAddress,
+                    Int32(message.qos.rawValue), message.retain, properties?.list)
+            }
+            if keptByLibrary(rc) { register(mid: mid, item: item) }
+            return rc
         }
         withExtendedLifetime(properties) {}
-        if rc == Mosquitto.success {
-            register(mid: mid, item: item)
+        if keptByLibrary(rc) {
+            if message.qos == .atMostOnce { item.completion.complete(.success(())) }
             return .sent
         }
         releaseSlot(message.qos)
@@ -513,32 +529,14 @@ final class ClientCore: Sendable {
         state.withLock { $0.inflight -= 1 }
     }
 
-    /// Records the mid of a message libmosquitto accepted. The acknowledgement may already have arrived on the
-    /// loop thread (then it waits in `earlyAcks`); QoS 0 "acks" (sent notifications) are ignored.
+    /// Records the mid of a message libmosquitto accepted (called under `handoff`, so its acknowledgement cannot
+    /// be looked up before this). QoS 0 messages get no waiter: their "sent" notifications are ignored.
     private func register(mid: Int32, item: QueuedPublish) {
         let qos = item.message.qos
-        let early: Int32?? = state.withLock { state in
+        state.withLock { state in
             state.statistics.published += 1
-            if qos == .atMostOnce {
-                if state.earlyAcks.removeValue(forKey: mid) == nil { state.ignoredAcks.insert(mid) }
-                return .some(nil)
-            }
-            if let reason = state.earlyAcks.removeValue(forKey: mid) {
-                state.inflight -= 1
-                state.statistics.acknowledged += 1
-                return .some(reason)
-            }
+            guard qos != .atMostOnce else { return }
             state.publishWaiters[mid] = CoreState.PendingAck(completion: item.completion, topic: item.message.topic)
-            return nil
-        }
-        switch early {
-        case .none:
-            break
-        case .some(.none):
-            item.completion.complete(.success(()))
-        case .some(.some(let reason)):
-            item.completion.complete(publishResult(reason, topic: item.message.topic))
-            drainIfNeeded()
         }
     }
 
@@ -625,20 +623,23 @@ final class ClientCore: Sendable {
     }
 
     private func sendSubscribe(filter: String, qos: MQTTQoS, completion: Completion<MQTTQoS>?) -> TransmitOutcome {
-        var mid: Int32 = 0
-        let rc = mosquitto_subscribe_v5(handle.raw, &mid, filter, Int32(qos.rawValue), 0, nil)
+        let rc = handoff.withLock { _ in
+            var mid: Int32 = 0
+            let rc = mosquitto_subscribe_v5(handle.raw, &mid, filter, Int32(qos.rawValue), 0, nil)
+            if rc == Mosquitto.success {
+                state.withLock { state in
+                    state.subscribeRequests[mid] = CoreState.SubscribeRequest(
+                        filter: filter, qos: qos, completion: completion)
+                }
+            }
+            return rc
+        }
         if rc == MOSQ_ERR_NO_CONN.rawValue { return .notConnected }
         guard rc == Mosquitto.success else {
             let error = Mosquitto.error(rc, "subscribe to \(filter)")
             completion?.complete(.failure(error))
             return .failed(error)
         }
-        let early: Int32? = state.withLock { state in
-            if let granted = state.earlySubacks.removeValue(forKey: mid) { return granted }
-            state.subscribeRequests[mid] = CoreState.SubscribeRequest(filter: filter, qos: qos, completion: completion)
-            return nil
-        }
-        if let early { finishSubscribe(filter: filter, granted: early, completion: completion) }
         return .sent
     }
 
@@ -671,18 +672,21 @@ final class ClientCore: Sendable {
             return state.connected
         }
         guard connected else { return }
-        var mid: Int32 = 0
-        let rc = mosquitto_unsubscribe_v5(handle.raw, &mid, filter, nil)
+        let completion = Completion<Void>()
+        let rc = sendUnsubscribe(filter: filter, completion: completion)
         if rc == MOSQ_ERR_NO_CONN.rawValue { return }
         try Mosquitto.check(rc, operation)
-        let completion = Completion<Void>()
-        let early = state.withLock { state in
-            if state.earlyUnsubacks.remove(mid) != nil { return true }
-            state.unsubscribeWaiters[mid] = completion
-            return false
-        }
-        if early { return }
         try await completion.value(operation: operation)
+    }
+
+    /// Sends UNSUBSCRIBE and records `completion` as its waiter; returns libmosquitto's result.
+    private func sendUnsubscribe(filter: String, completion: Completion<Void>) -> Int32 {
+        handoff.withLock { _ in
+            var mid: Int32 = 0
+            let rc = mosquitto_unsubscribe_v5(handle.raw, &mid, filter, nil)
+            if rc == Mosquitto.success { state.withLock { $0.unsubscribeWaiters[mid] = completion } }
+            return rc
+        }
     }
 
     // MARK: Callbacks (loop thread)
@@ -758,7 +762,6 @@ final class ClientCore: Sendable {
             defer { state.pendingUnsubscribes = [] }
             state.connected = true
             state.attempt = 0
-            state.ignoredAcks.removeAll()
             state.statistics.connections += 1
             state.connection = .connected(sessionPresent: sessionPresent)
             var list: [(String, MQTTQoS)] = []
@@ -770,10 +773,7 @@ final class ClientCore: Sendable {
         }
         states.yield(.connected(sessionPresent: sessionPresent))
         for filter in unsubscribe {
-            var mid: Int32 = 0
-            if mosquitto_unsubscribe_v5(handle.raw, &mid, filter, nil) == Mosquitto.success {
-                state.withLock { $0.unsubscribeWaiters[mid] = Completion<Void>() }  // nobody waits; keeps acks paired
-            }
+            _ = sendUnsubscribe(filter: filter, completion: Completion<Void>())  // nobody waits
         }
         for (filter, qos) in resubscribe {
             _ = sendSubscribe(filter: filter, qos: qos, completion: nil)
@@ -819,15 +819,13 @@ final class ClientCore: Sendable {
     }
 
     private func onPublish(mid: Int32, reason: Int32) {
-        let waiter = state.withLock { state -> CoreState.PendingAck? in
-            if state.ignoredAcks.remove(mid) != nil { return nil }
-            if let waiter = state.publishWaiters.removeValue(forKey: mid) {
+        let waiter = handoff.withLock { _ in
+            state.withLock { state -> CoreState.PendingAck? in
+                guard let waiter = state.publishWaiters.removeValue(forKey: mid) else { return nil }
                 state.inflight -= 1
                 state.statistics.acknowledged += 1
                 return waiter
             }
-            state.earlyAcks[mid] = reason
-            return nil
         }
         guard let waiter else { return }
         waiter.completion.complete(publishResult(reason, topic: waiter.topic))
@@ -835,20 +833,16 @@ final class ClientCore: Sendable {
     }
 
     private func onSubscribe(mid: Int32, granted: Int32) {
-        let request = state.withLock { state -> CoreState.SubscribeRequest? in
-            if let request = state.subscribeRequests.removeValue(forKey: mid) { return request }
-            state.earlySubacks[mid] = granted
-            return nil
+        let request = handoff.withLock { _ in
+            state.withLock { $0.subscribeRequests.removeValue(forKey: mid) }
         }
         guard let request else { return }
         finishSubscribe(filter: request.filter, granted: granted, completion: request.completion)
     }
 
     private func onUnsubscribe(mid: Int32) {
-        let waiter = state.withLock { state -> Completion<Void>? in
-            if let waiter = state.unsubscribeWaiters.removeValue(forKey: mid) { return waiter }
-            state.earlyUnsubacks.insert(mid)
-            return nil
+        let waiter = handoff.withLock { _ in
+            state.withLock { $0.unsubscribeWaiters.removeValue(forKey: mid) }
         }
         waiter?.complete(.success(()))
     }

@@ -8,40 +8,50 @@ import Testing
 
 @testable import MQTT
 
-/// What a scripted broker saw and acknowledged, shared between its session threads and the test.
+/// What a scripted broker saw and acknowledged of the messages "0", "1", ... `count - 1`, shared between its
+/// session threads and the test.
 final class PublishLog: Sendable {
     private struct State {
-        var packetIDs: [[UInt8]: Set<UInt16>] = [:]
-        var packets = 0
-        var acknowledged: Set<[UInt8]> = []
+        var packetIDs: [UInt16?]
+        var sentAsTwoMessages: [Int] = []
+        var acknowledged: [Bool]
     }
-    private let state = Mutex(State())
-    /// PUBACKs sent, for pacing the publisher.
-    let acknowledgedCount = Atomic<Int>(0)
+    private let state: Mutex<State>
+    /// PUBLISH packets of these messages received (resends included), for pacing the publisher.
+    let receivedCount = Atomic<Int>(0)
 
-    func received(_ publish: WirePacket.Publish) {
-        state.withLock { state in
-            state.packets += 1
-            state.packetIDs[publish.payload, default: []].insert(publish.packetID ?? 0)
+    init(count: Int) {
+        state = Mutex(
+            State(packetIDs: Array(repeating: nil, count: count), acknowledged: Array(repeating: false, count: count)))
+    }
+
+    /// Records a PUBLISH and returns its message index.
+    func received(_ publish: WirePacket.Publish) -> Int? {
+        guard let index = Int(String(decoding: publish.payload, as: UTF8.self)), let packetID = publish.packetID
+        else { return nil }
+        receivedCount.add(1, ordering: .relaxed)
+        return state.withLock { state in
+            guard state.packetIDs.indices.contains(index) else { return nil }
+            if let earlier = state.packetIDs[index], earlier != packetID { state.sentAsTwoMessages.append(index) }
+            state.packetIDs[index] = packetID
+            return index
         }
     }
 
-    /// Called before the PUBACK goes out, so a delivery the client finished legitimately is always recorded.
-    func acknowledging(_ payload: [UInt8]) {
-        state.withLock { _ = $0.acknowledged.insert(payload) }
-        acknowledgedCount.add(1, ordering: .relaxed)
-    }
-
-    func isAcknowledged(_ payload: [UInt8]) -> Bool { state.withLock { $0.acknowledged.contains(payload) } }
-
-    /// Payloads that arrived under more than one packet id: sent again as new messages, not resent.
-    var payloadsSentAsTwoMessages: [String] {
+    /// Called before the PUBACKs go out, so a delivery the client finished legitimately is always recorded.
+    func acknowledging(_ indices: [Int]) {
         state.withLock { state in
-            state.packetIDs.filter { $0.value.count > 1 }.map { String(decoding: $0.key, as: UTF8.self) }.sorted()
+            for index in indices { state.acknowledged[index] = true }
         }
     }
 
-    var distinctPayloads: Int { state.withLock { $0.packetIDs.count } }
+    func isAcknowledged(_ index: Int) -> Bool { state.withLock { $0.acknowledged[index] } }
+
+    /// Messages that arrived under more than one packet id: sent again as new messages, not resent.
+    var sentAsTwoMessages: [Int] { state.withLock { $0.sentAsTwoMessages } }
+
+    /// How many of the messages arrived at all.
+    var distinctReceived: Int { state.withLock { $0.packetIDs.count { $0 != nil } } }
 }
 
 @Suite struct HardeningTests {
@@ -81,57 +91,66 @@ final class PublishLog: Sendable {
     // MARK: QoS 1 across broken connections
 
     @Test func qos1AcrossBrokenConnectionsIsSentOnceAndAcknowledgedOnlyByItsOwnPuback() async throws {
-        // The scripted broker acknowledges every PUBLISH at once, but drops the first connections after 1500
-        // PUBLISHes each, while the publisher is writing. Publishes that reach libmosquitto just after it closed the
-        // socket (and before its disconnect callback) come back as MOSQ_ERR_NO_CONN, yet libmosquitto keeps QoS 1/2
-        // ones and resends them (same packet id, DUP) after reconnecting. 80,000 messages take the 16-bit packet
-        // ids round once, so a PUBACK remembered for an id that never got a waiter would acknowledge a later message.
-        let total = 80_000
-        let droppedConnections = 8
-        let log = PublishLog()
+        // The scripted broker acknowledges every PUBLISH, but drops each of the first connections after 120 of
+        // them, while the publisher is writing. A publish that reaches libmosquitto just after it closed the socket
+        // (and before its disconnect callback) comes back as MOSQ_ERR_NO_CONN, yet libmosquitto keeps a QoS 1/2
+        // message and resends it (same packet id, DUP) after reconnecting. 72,000 messages take the 16-bit packet ids
+        // round once, so a PUBACK remembered for an id that got no waiter would acknowledge a later message.
+        let total = 72_000
+        let droppedConnections = 40
+        let log = PublishLog(count: total)
         let broker = try ScriptedBroker { connection in
             guard let connect = connection.readPacket(), let level = connect.connectProtocolLevel else { return }
             let isV5 = level == 5
             guard connection.send(WirePacket.connack(isV5: isV5)) else { return }
             var received = 0
-            while let packet = connection.readPacket() {
-                guard let publish = packet.publish(isV5: isV5), let packetID = publish.packetID else { continue }
-                log.received(publish)
-                received += 1
-                if connection.index < droppedConnections && received == 1500 { return }  // unread data: RST
-                log.acknowledging(publish.payload)
-                guard connection.send(WirePacket.puback(packetID)) else { return }
+            while let packets = connection.readPackets() {
+                var acknowledged: [Int] = []
+                var pubacks: [UInt8] = []
+                for packet in packets {
+                    guard let publish = packet.publish(isV5: isV5), let index = log.received(publish),
+                        let packetID = publish.packetID
+                    else { continue }
+                    received += 1
+                    if connection.index < droppedConnections && received == 120 {
+                        log.acknowledging(acknowledged)
+                        connection.send(pubacks)
+                        return  // closed with data unread: RST
+                    }
+                    acknowledged.append(index)
+                    pubacks += WirePacket.puback(packetID)
+                }
+                log.acknowledging(acknowledged)
+                guard connection.send(pubacks) else { return }
             }
         }
         var settings = MQTTConfiguration(broker: MQTTBrokerURL(host: "127.0.0.1", port: broker.port))
-        settings.reconnect = MQTTReconnectPolicy(initialDelay: .milliseconds(10), maximumDelay: .milliseconds(20))
+        settings.reconnect = MQTTReconnectPolicy(initialDelay: .milliseconds(10), maximumDelay: .milliseconds(10))
         settings.maxInflightMessages = 32_768
         settings.offlineQueueCapacity = total
         let client = try await connectedClient(settings)
-        // Off the cooperative pool: a tight loop, paced to stay about 2000 messages ahead of the broker's PUBACKs so
-        // that it is publishing directly (not queueing behind a full window) when each connection drops.
-        let (deliveries, earlyFinished) = try await offPool { () -> ([MQTTDelivery], [Int]) in
+        // Off the cooperative pool: a tight loop that keeps at most 100 messages ahead of what the broker received,
+        // so that it is publishing (not waiting, not queueing behind a full window) whenever a connection drops.
+        let (deliveries, finishedEarly) = try await offPool { () -> ([MQTTDelivery], [Int]) in
             var deliveries: [MQTTDelivery] = []
-            var earlyFinished: [Int] = []
+            var finishedEarly: [Int] = []
             deliveries.reserveCapacity(total)
             let deadline = Date().addingTimeInterval(30)
             for index in 0..<total {
-                while index - log.acknowledgedCount.load(ordering: .relaxed) > 2000 && Date() < deadline {
-                    sched_yield()
-                }
-                let payload = Array("\(index)".utf8)
-                let delivery = try client.send(MQTTOutgoingMessage(topic: "q1", payload: payload, qos: .atLeastOnce))
+                while index - log.receivedCount.load(ordering: .relaxed) > 100 && Date() < deadline { sched_yield() }
+                let message = MQTTOutgoingMessage(topic: "q1", payload: Array("\(index)".utf8), qos: .atLeastOnce)
+                let delivery = try client.send(message)
                 // Finished before send returned: only right if the broker already acknowledged this very message.
-                if delivery.isFinished && !log.isAcknowledged(payload) { earlyFinished.append(index) }
+                if delivery.isFinished && !log.isAcknowledged(index) { finishedEarly.append(index) }
                 deliveries.append(delivery)
             }
-            return (deliveries, earlyFinished)
+            return (deliveries, finishedEarly)
         }
         for delivery in deliveries { try await within(20, "acknowledgement") { try await delivery.acknowledged() } }
-        #expect(earlyFinished.isEmpty, "finished without their PUBACK: \(earlyFinished.prefix(20))")
-        let twice = log.payloadsSentAsTwoMessages
-        #expect(twice.isEmpty, "\(twice.count) messages sent twice under new packet ids: \(twice.prefix(20))")
-        #expect(log.distinctPayloads == total)
+        #expect(finishedEarly.isEmpty, "finished without their PUBACK: \(finishedEarly.prefix(20))")
+        let twice = log.sentAsTwoMessages
+        #expect(twice.isEmpty, "\(twice.count) messages sent again under new packet ids: \(twice.prefix(20))")
+        #expect(log.distinctReceived == total)
         #expect(client.statistics.connections == droppedConnections + 1)
         #expect(client.statistics.acknowledged == total)
         await client.disconnect()

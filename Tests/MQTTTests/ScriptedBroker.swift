@@ -110,6 +110,18 @@ final class PeerConnection: @unchecked Sendable {
         }
     }
 
+    /// Every packet that is complete after at most one more read (at least one), or nil when the client closed the
+    /// connection. Lets a script answer a burst with one write.
+    func readPackets() -> [WirePacket]? {
+        var packets: [WirePacket] = []
+        while let packet = parse() { packets.append(packet) }
+        if !packets.isEmpty { return packets }
+        guard let first = readPacket() else { return nil }
+        packets.append(first)
+        while let packet = parse() { packets.append(packet) }
+        return packets
+    }
+
     private func parse() -> WirePacket? {
         var index = head + 1
         var length = 0
