@@ -146,6 +146,7 @@ final class ClientCore: Sendable {
     let maximumPacketSize = Atomic<UInt32>(0)
     let received = Atomic<Int>(0)
     let receiveDropped = Atomic<Int>(0)
+    let receiveOversizeDropped = Atomic<Int>(0)
     /// The last warning or error libmosquitto logged (TLS failures explain themselves only there).
     let lastLog = Mutex<String?>(nil)
     /// Held around each libmosquitto publish/subscribe/unsubscribe call together with recording its waiter, and
@@ -273,6 +274,11 @@ final class ClientCore: Sendable {
         }
 
         let connectProperties = MosquittoProperties()
+        if isV5 {
+            // The broker must not send us larger packets (MQTT 5 section 3.1.2.11.4); mosquitto drops such messages.
+            try connectProperties.add(
+                int32: MQTT_PROP_MAXIMUM_PACKET_SIZE, UInt32(config.maximumIncomingPacketSize), operation)
+        }
         if isV5 && !config.cleanSession {
             let seconds = UInt32(clamping: config.sessionExpiry.components.seconds)
             try connectProperties.add(int32: MQTT_PROP_SESSION_EXPIRY_INTERVAL, seconds, operation)
@@ -849,6 +855,16 @@ final class ClientCore: Sendable {
 
     private func onMessage(_ message: mosquitto_message, properties: OpaquePointer?) {
         guard let topic = message.topic else { return }
+        // libmosquitto has read the whole packet by now (it has no incoming limit of its own); this keeps it from
+        // going further. Under MQTT 5 the broker knows our maximum and does not send larger packets, so this only
+        // matters for MQTT 3.1.1 (and a broker that ignores the maximum). Without the MQTT 5 property block the size
+        // is exact; with it, it is a lower bound.
+        let size = Self.publishPacketSize(
+            topicBytes: strlen(topic), payloadBytes: Int(max(0, message.payloadlen)), qos: message.qos, isV5: isV5)
+        guard size <= configuration.maximumIncomingPacketSize else {
+            receiveOversizeDropped.add(1, ordering: .relaxed)
+            return
+        }
         let payload: [UInt8]
         if let bytes = message.payload, message.payloadlen > 0 {
             payload = Array(UnsafeRawBufferPointer(start: bytes, count: Int(message.payloadlen)))
@@ -860,7 +876,21 @@ final class ClientCore: Sendable {
             qos: MQTTQoS(rawValue: Int(message.qos)) ?? .atMostOnce, retain: message.retain,
             properties: properties == nil ? MQTTPublishProperties() : MosquittoProperties.decodePublish(properties))
         self.received.add(1, ordering: .relaxed)
-        let dropped = incoming.yield(received)
+        let dropped = incoming.yield(received, bytes: received.bufferedSize)
         if dropped > 0 { receiveDropped.add(dropped, ordering: .relaxed) }
+    }
+
+    /// The size of a received PUBLISH packet with an empty MQTT 5 property block: fixed header, topic, packet id
+    /// (QoS 1/2) and payload.
+    static func publishPacketSize(topicBytes: Int, payloadBytes: Int, qos: Int32, isV5: Bool) -> Int {
+        let remaining = 2 + topicBytes + (qos > 0 ? 2 : 0) + (isV5 ? 1 : 0) + payloadBytes
+        let lengthBytes =
+            switch remaining {
+            case ..<128: 1
+            case ..<16_384: 2
+            case ..<2_097_152: 3
+            default: 4
+            }
+        return 1 + lengthBytes + remaining
     }
 }

@@ -94,10 +94,44 @@ final class Completion<Value: Sendable>: Sendable {
     }
 }
 
+/// A bound on the bytes one stream holds for its reader: the producer takes an element's size before buffering it
+/// (or drops the element when it does not fit), the reader gives it back when it takes the element out.
+final class ByteBudget: Sendable {
+    /// The most bytes the stream may hold.
+    let limit: Int
+    private let used = Atomic<Int>(0)
+
+    init(limit: Int) {
+        self.limit = limit
+    }
+
+    /// Takes `bytes` out of the budget if they fit; false (and nothing taken) otherwise.
+    func take(_ bytes: Int) -> Bool {
+        var current = used.load(ordering: .relaxed)
+        while true {
+            guard current + bytes <= limit else { return false }
+            let (exchanged, original) = used.compareExchange(
+                expected: current, desired: current + bytes, ordering: .relaxed)
+            if exchanged { return true }
+            current = original
+        }
+    }
+
+    /// Returns `bytes` taken earlier.
+    func giveBack(_ bytes: Int) {
+        used.subtract(bytes, ordering: .relaxed)
+    }
+}
+
 /// Fans values out to any number of `AsyncStream`s; each stream unregisters itself when its reader goes away.
 final class Broadcast<Element: Sendable>: Sendable {
+    private struct Subscriber {
+        let continuation: AsyncStream<Element>.Continuation
+        let budget: ByteBudget?
+    }
+
     private struct State {
-        var continuations: [UInt64: AsyncStream<Element>.Continuation] = [:]
+        var subscribers: [UInt64: Subscriber] = [:]
         var nextID: UInt64 = 0
         var finished = false
     }
@@ -106,22 +140,24 @@ final class Broadcast<Element: Sendable>: Sendable {
 
     init() {}
 
-    /// A new stream; `initial` (if any) is its first element.
+    /// A new stream; `initial` (if any) is its first element. With a `budget`, an element is buffered only when
+    /// its size (as passed to `yield`) fits, and the reader must give the size back when it takes the element.
     func makeStream(
-        bufferingPolicy: AsyncStream<Element>.Continuation.BufferingPolicy, initial: Element? = nil
+        bufferingPolicy: AsyncStream<Element>.Continuation.BufferingPolicy, initial: Element? = nil,
+        budget: ByteBudget? = nil
     ) -> AsyncStream<Element> {
         let (stream, continuation) = AsyncStream<Element>.makeStream(bufferingPolicy: bufferingPolicy)
         let registered: UInt64? = state.withLock { state in
             guard !state.finished else { return nil }
             let id = state.nextID
             state.nextID += 1
-            state.continuations[id] = continuation
+            state.subscribers[id] = Subscriber(continuation: continuation, budget: budget)
             if let initial { continuation.yield(initial) }
             return id
         }
         if let registered {
             continuation.onTermination = { [weak self] _ in
-                _ = self?.state.withLock { $0.continuations.removeValue(forKey: registered) }
+                _ = self?.state.withLock { $0.subscribers.removeValue(forKey: registered) }
             }
         } else {
             if let initial { continuation.yield(initial) }
@@ -130,14 +166,29 @@ final class Broadcast<Element: Sendable>: Sendable {
         return stream
     }
 
-    /// Sends `element` to every stream; returns how many streams dropped it because their buffer was full.
-    /// Yielding under the lock keeps the order the same in every stream when several threads yield.
+    /// Sends `element`, whose size is `bytes`, to every stream; returns how many streams dropped it because their
+    /// buffer was full (in elements, or in bytes for a stream with a budget). Yielding under the lock keeps the
+    /// order the same in every stream when several threads yield.
     @discardableResult
-    func yield(_ element: Element) -> Int {
+    func yield(_ element: Element, bytes: Int = 0) -> Int {
         state.withLock { state in
             var dropped = 0
-            for continuation in state.continuations.values {
-                if case .dropped = continuation.yield(element) { dropped += 1 }
+            for subscriber in state.subscribers.values {
+                if let budget = subscriber.budget, !budget.take(bytes) {
+                    dropped += 1
+                    continue
+                }
+                switch subscriber.continuation.yield(element) {
+                case .enqueued:
+                    break
+                case .dropped:
+                    dropped += 1
+                    subscriber.budget?.giveBack(bytes)
+                case .terminated:
+                    subscriber.budget?.giveBack(bytes)
+                @unknown default:
+                    break
+                }
             }
             return dropped
         }
@@ -147,8 +198,8 @@ final class Broadcast<Element: Sendable>: Sendable {
     func finish() {
         let continuations = state.withLock { state in
             state.finished = true
-            defer { state.continuations.removeAll() }
-            return Array(state.continuations.values)
+            defer { state.subscribers.removeAll() }
+            return state.subscribers.values.map(\.continuation)
         }
         for continuation in continuations { continuation.finish() }
     }

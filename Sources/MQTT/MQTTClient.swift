@@ -94,6 +94,7 @@ public final class MQTTClient: Sendable {
         var statistics = core.state.withLock { $0.statistics }
         statistics.received = core.received.load(ordering: .relaxed)
         statistics.receiveDropped = core.receiveDropped.load(ordering: .relaxed)
+        statistics.receiveOversizeDropped = core.receiveOversizeDropped.load(ordering: .relaxed)
         return statistics
     }
 
@@ -144,10 +145,16 @@ public final class MQTTClient: Sendable {
 
     /// Received messages, optionally only those matching `filter`. Every call makes a new independent stream;
     /// make it before subscribing so no message is missed (retained messages arrive right after the SUBACK).
+    ///
+    /// Each stream buffers at most `receiveBufferCapacity` messages and `receiveBufferBytes` bytes (payload plus
+    /// topic) for its reader; beyond either bound new messages are dropped for that stream and counted in
+    /// `statistics.receiveDropped`.
     public func messages(matching filter: String? = nil) -> MQTTMessageStream {
         let capacity = core.configuration.receiveBufferCapacity
+        let budget = ByteBudget(limit: core.configuration.receiveBufferBytes)
         return MQTTMessageStream(
-            base: core.incoming.makeStream(bufferingPolicy: .bufferingOldest(capacity)), filter: filter)
+            base: core.incoming.makeStream(bufferingPolicy: .bufferingOldest(capacity), budget: budget),
+            filter: filter, budget: budget)
     }
 }
 

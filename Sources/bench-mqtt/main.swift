@@ -171,10 +171,14 @@ let levels = argument("--qos", default: "0,1").split(separator: ",").compactMap 
 
 func run(qos: MQTTQoS) async throws {
     let topic = "bench/qos\(qos.rawValue)"
+    // The subscriber takes the benchmark's packets, and buffers all of them if its reader falls behind.
+    let packetLimit = min(268_435_460, max(1_048_576, payloadSize + 1024))
     func configuration(_ name: String) -> MQTTConfiguration {
         MQTTConfiguration(
             broker: broker, clientID: "bench-\(name)-\(getpid())", protocolVersion: .v5,
-            offlineQueueCapacity: count, maxInflightMessages: inflight, receiveBufferCapacity: count)
+            offlineQueueCapacity: count, maxInflightMessages: inflight, receiveBufferCapacity: count,
+            maximumIncomingPacketSize: packetLimit,
+            receiveBufferBytes: max(packetLimit, count * (payloadSize + topic.utf8.count)))
     }
     let subscriber = try MQTTClient(configuration: configuration("sub\(qos.rawValue)"))
     let publisher = try MQTTClient(configuration: configuration("pub\(qos.rawValue)"))
