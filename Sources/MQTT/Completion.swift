@@ -1,6 +1,8 @@
 // An exactly-once completion: the C side completes it from libmosquitto's thread, Swift awaits it, and whichever
 // comes first the result is delivered once. A result that arrives before anyone awaits is kept; an awaiter that is
-// cancelled gets `.cancelled` and the completion stays pending for other awaiters.
+// cancelled gets `.cancelled` at once and the completion stays pending for other awaiters. Every wait honours
+// cancellation; the only other way out is the bounded wait of a shutdown.
+import Dispatch
 import Synchronization
 
 final class Completion<Value: Sendable>: Sendable {
@@ -36,61 +38,79 @@ final class Completion<Value: Sendable>: Sendable {
         }
     }
 
-    /// Waits for the result, ignoring cancellation of the waiting task.
-    func valueIgnoringCancellation() async -> Result<Value, MQTTError> {
-        let id: UInt64 = state.withLock { state in
-            guard case .pending(let waiters, let nextID) = state else { return 0 }
-            state = .pending(waiters: waiters, nextID: nextID + 1)
-            return nextID
-        }
-        return await withCheckedContinuation { (continuation: Waiter) in
-            let immediate: Result<Value, MQTTError>? = state.withLock { state in
-                switch state {
-                case .done(let result):
-                    return result
-                case .pending(var waiters, let nextID):
-                    waiters[id] = continuation
-                    state = .pending(waiters: waiters, nextID: nextID)
-                    return nil
+    /// Waits for the result. Cancelling the waiting task ends this wait at once with `.cancelled` (its waiter is
+    /// dropped; the completion stays pending for other waiters).
+    func wait(operation: @autoclosure () -> String) async -> Result<Value, MQTTError> {
+        let id = nextWaiterID()
+        let cancelled = MQTTError(.cancelled, operation: operation(), detail: "the waiting task was cancelled")
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: Waiter) in
+                if let immediate = register(id, continuation, unlessCancelled: cancelled) {
+                    continuation.resume(returning: immediate)
                 }
             }
-            if let immediate { continuation.resume(returning: immediate) }
+        } onCancel: {
+            removeWaiter(id)?.resume(returning: .failure(cancelled))
         }
     }
 
     /// Waits for the result. Cancelling the waiting task ends this wait with `.cancelled`.
     func value(operation: @autoclosure () -> String) async throws(MQTTError) -> Value {
-        let id: UInt64 = state.withLock { state in
+        try await wait(operation: operation()).get()
+    }
+
+    /// Waits for the result for at most `timeout`, cancelled or not; after that the waiter is dropped and the wait
+    /// ends with `.cancelled`. For shutdown, where the task was cancelled on purpose and the other side gets a
+    /// bounded chance to finish.
+    func wait(atMost timeout: Duration, operation: @autoclosure () -> String) async -> Result<Value, MQTTError> {
+        let id = nextWaiterID()
+        let gaveUp = MQTTError(.cancelled, operation: operation(), detail: "gave up waiting after \(timeout)")
+        let milliseconds = Int(
+            clamping: timeout.components.seconds * 1000 + timeout.components.attoseconds / 1_000_000_000_000_000)
+        return await withCheckedContinuation { (continuation: Waiter) in
+            if let immediate = register(id, continuation, unlessCancelled: nil) {
+                continuation.resume(returning: immediate)
+                return
+            }
+            DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(milliseconds)) { [self] in
+                removeWaiter(id)?.resume(returning: .failure(gaveUp))
+            }
+        }
+    }
+
+    private func nextWaiterID() -> UInt64 {
+        state.withLock { state in
             guard case .pending(let waiters, let nextID) = state else { return 0 }
             state = .pending(waiters: waiters, nextID: nextID + 1)
             return nextID
         }
-        let cancelled = MQTTError(.cancelled, operation: operation(), detail: "the waiting task was cancelled")
-        let result = await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: Waiter) in
-                let immediate: Result<Value, MQTTError>? = state.withLock { state in
-                    switch state {
-                    case .done(let result):
-                        return result
-                    case .pending(var waiters, let nextID):
-                        if Task.isCancelled { return .failure(cancelled) }
-                        waiters[id] = continuation
-                        state = .pending(waiters: waiters, nextID: nextID)
-                        return nil
-                    }
-                }
-                if let immediate { continuation.resume(returning: immediate) }
-            }
-        } onCancel: {
-            let waiter: Waiter? = state.withLock { state in
-                guard case .pending(var waiters, let nextID) = state, let waiter = waiters.removeValue(forKey: id)
-                else { return nil }
+    }
+
+    /// Adds `continuation` as waiter `id`; returns the result instead when there is one, or `cancelled` when it is
+    /// given and the task was cancelled before the waiter could be added (the cancellation handler found nothing).
+    private func register(_ id: UInt64, _ continuation: Waiter, unlessCancelled cancelled: MQTTError?)
+        -> Result<Value, MQTTError>?
+    {
+        state.withLock { state in
+            switch state {
+            case .done(let result):
+                return result
+            case .pending(var waiters, let nextID):
+                if let cancelled, Task.isCancelled { return .failure(cancelled) }
+                waiters[id] = continuation
                 state = .pending(waiters: waiters, nextID: nextID)
-                return waiter
+                return nil
             }
-            waiter?.resume(returning: .failure(cancelled))
         }
-        return try result.get()
+    }
+
+    private func removeWaiter(_ id: UInt64) -> Waiter? {
+        state.withLock { state in
+            guard case .pending(var waiters, let nextID) = state, let waiter = waiters.removeValue(forKey: id)
+            else { return nil }
+            state = .pending(waiters: waiters, nextID: nextID)
+            return waiter
+        }
     }
 }
 

@@ -181,6 +181,21 @@ final class PublishLog: Sendable {
         _ = blackhole
     }
 
+    @Test func cancelledRunReturnsWithinItsGracePeriod() async throws {
+        let blackhole = try BlackholeListener()
+        let client = try MQTTClient(
+            configuration: MQTTConfiguration(broker: MQTTBrokerURL(host: "127.0.0.1", port: blackhole.port)))
+        let ended = Completion<Void>()
+        let running = Task {
+            try await client.run()
+            ended.complete(.success(()))
+        }
+        try await client.waitForState("the first attempt is under way") { $0 == .connecting(attempt: 1) }
+        running.cancel()
+        try await eventually(6, "run() returns after cancellation") { ended.result != nil }
+        _ = blackhole
+    }
+
     @Test func cancelledDisconnectStopsWaitingAtOnce() async throws {
         let blackhole = try BlackholeListener()
         let client = try MQTTClient(
