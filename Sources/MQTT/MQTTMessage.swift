@@ -129,7 +129,7 @@ public struct MQTTClientStatistics: Sendable, Hashable {
     public var droppedQoS0: Int = 0
     /// QoS 1/2 messages dropped because the offline queue was full of them.
     public var droppedQoS1Or2: Int = 0
-    /// Messages received from the broker.
+    /// Messages received from the broker (not counting those dropped as oversized).
     public var received: Int = 0
     /// Received messages a stream dropped because its reader fell behind (its message or byte bound was reached);
     /// a message dropped by two streams counts twice.
