@@ -10,8 +10,8 @@
 // Acknowledgements are matched to waiters by packet id (mid), which libmosquitto assigns inside its publish call and
 // reuses after 65535. `handoff` makes "call libmosquitto, record the waiter under the mid it returned" one step as
 // seen from the acknowledgement callbacks, so an acknowledgement always finds its waiter, and one without a waiter
-// (a QoS 0 "sent" notification, a stray packet id) is dropped instead of being kept for a later message that reuses
-// the id.
+// is dropped instead of being kept for a later message that reuses the id. (QoS 0 "sent" notifications arrive
+// through the same callback; `ignoredAcks` tells them apart.)
 internal import CMosquitto
 import Dispatch
 import Synchronization
@@ -122,6 +122,10 @@ struct CoreState {
     var queue = OutgoingQueue()
     var inflight = 0
     var publishWaiters: [Int32: PendingAck] = [:]
+    /// Mids of QoS 0 messages whose "sent" notification is still to come. It must not be taken for the PUBACK of a
+    /// QoS 1/2 message still in flight under the same (reused) mid. Cleared on connect: a QoS 0 packet not written
+    /// before the connection dropped is discarded and never notified.
+    var ignoredAcks: Set<Int32> = []
     var subscriptions: [String: Subscription] = [:]
     var subscriptionOrder: [String] = []
     /// Filters removed while disconnected: a resumed session still has them, so they are unsubscribed on connect.
@@ -541,8 +545,12 @@ final class ClientCore: Sendable {
         let qos = item.message.qos
         state.withLock { state in
             state.statistics.published += 1
-            guard qos != .atMostOnce else { return }
-            state.publishWaiters[mid] = CoreState.PendingAck(completion: item.completion, topic: item.message.topic)
+            if qos == .atMostOnce {
+                state.ignoredAcks.insert(mid)
+            } else {
+                state.publishWaiters[mid] = CoreState.PendingAck(
+                    completion: item.completion, topic: item.message.topic)
+            }
         }
     }
 
@@ -768,6 +776,7 @@ final class ClientCore: Sendable {
             defer { state.pendingUnsubscribes = [] }
             state.connected = true
             state.attempt = 0
+            state.ignoredAcks.removeAll()
             state.statistics.connections += 1
             state.connection = .connected(sessionPresent: sessionPresent)
             var list: [(String, MQTTQoS)] = []
@@ -827,6 +836,7 @@ final class ClientCore: Sendable {
     private func onPublish(mid: Int32, reason: Int32) {
         let waiter = handoff.withLock { _ in
             state.withLock { state -> CoreState.PendingAck? in
+                if state.ignoredAcks.remove(mid) != nil { return nil }
                 guard let waiter = state.publishWaiters.removeValue(forKey: mid) else { return nil }
                 state.inflight -= 1
                 state.statistics.acknowledged += 1
