@@ -169,7 +169,7 @@ final class PeerConnection: @unchecked Sendable {
 
 /// A TCP listener on a free loopback port that plays an MQTT broker: every accepted connection runs `session` on a
 /// thread of its own; the socket is closed when `session` returns (so returning early is how a script drops the
-/// client). Stops accepting and closes every connection when deinitialised.
+/// client). Stops accepting and shuts every connection down when deinitialised.
 final class ScriptedBroker: @unchecked Sendable {
     let port: UInt16
     private let listener: Int32
@@ -193,32 +193,31 @@ final class ScriptedBroker: @unchecked Sendable {
             var index = 0
             while true {
                 let fd = accept(listener, nil, nil)
-                guard fd >= 0 else { return }
+                guard fd >= 0 else {
+                    close(listener)  // here, not in deinit: this thread is the last to use it
+                    return
+                }
                 open.fds.withLock { $0.append(fd) }
                 let connection = PeerConnection(fd: fd, index: index)
                 index += 1
                 Thread.detachNewThread {
                     session(connection)
-                    let mine = open.fds.withLock { fds -> Bool in
-                        guard let position = fds.firstIndex(of: fd) else { return false }
-                        fds.remove(at: position)
-                        return true
+                    // Closed by its own thread only, under the lock `deinit` shuts connections down with: neither can
+                    // touch a descriptor number the kernel has handed to someone else in the meantime.
+                    open.fds.withLock { fds in
+                        fds.removeAll { $0 == fd }
+                        close(fd)
                     }
-                    if mine { close(fd) }
                 }
             }
         }
     }
 
     deinit {
-        shutdown(listener, Int32(SHUT_RDWR))
-        close(listener)
-        for fd in open.fds.withLock({ fds in
-            defer { fds = [] }
-            return fds
-        }) {
-            shutdown(fd, Int32(SHUT_RDWR))
-            close(fd)
+        shutdown(listener, Int32(SHUT_RDWR))  // accept fails from now on
+        // Wakes every session (its reads end); each then closes its own connection.
+        open.fds.withLock { fds in
+            for fd in fds { shutdown(fd, Int32(SHUT_RDWR)) }
         }
     }
 }
