@@ -6,6 +6,12 @@
 // ahead of it, and (for QoS 1/2) while fewer than `maxInflightMessages` await their acknowledgement. Everything else
 // waits in `OutgoingQueue`, which drains in order from the loop thread when the connection comes up or the window
 // opens. libmosquitto's own offline queueing is never used, so the bound and the drop policy are ours.
+//
+// Acknowledgements are matched to waiters by packet id (mid), which libmosquitto assigns inside its publish call and
+// reuses after 65535. `handoff` makes "call libmosquitto, record the waiter under the mid it returned" one step as
+// seen from the acknowledgement callbacks, so an acknowledgement always finds its waiter, and one without a waiter
+// is dropped instead of being kept for a later message that reuses the id. (QoS 0 "sent" notifications arrive
+// through the same callback; `ignoredAcks` tells them apart.)
 internal import CMosquitto
 import Dispatch
 import Synchronization
@@ -116,16 +122,16 @@ struct CoreState {
     var queue = OutgoingQueue()
     var inflight = 0
     var publishWaiters: [Int32: PendingAck] = [:]
-    var earlyAcks: [Int32: Int32] = [:]
+    /// Mids of QoS 0 messages whose "sent" notification is still to come. It must not be taken for the PUBACK of a
+    /// QoS 1/2 message still in flight under the same (reused) mid. Cleared on connect: a QoS 0 packet not written
+    /// before the connection dropped is discarded and never notified.
     var ignoredAcks: Set<Int32> = []
     var subscriptions: [String: Subscription] = [:]
     var subscriptionOrder: [String] = []
     /// Filters removed while disconnected: a resumed session still has them, so they are unsubscribed on connect.
     var pendingUnsubscribes: [String] = []
     var subscribeRequests: [Int32: SubscribeRequest] = [:]
-    var earlySubacks: [Int32: Int32] = [:]
     var unsubscribeWaiters: [Int32: Completion<Void>] = [:]
-    var earlyUnsubacks: Set<Int32> = []
     var statistics = MQTTClientStatistics()
 }
 
@@ -144,8 +150,13 @@ final class ClientCore: Sendable {
     let maximumPacketSize = Atomic<UInt32>(0)
     let received = Atomic<Int>(0)
     let receiveDropped = Atomic<Int>(0)
+    let receiveOversizeDropped = Atomic<Int>(0)
     /// The last warning or error libmosquitto logged (TLS failures explain themselves only there).
     let lastLog = Mutex<String?>(nil)
+    /// Held around each libmosquitto publish/subscribe/unsubscribe call together with recording its waiter, and
+    /// taken by the acknowledgement callbacks before they look a waiter up (see the file comment). Never held while
+    /// taking it again: libmosquitto in threaded mode never calls back from inside these calls.
+    private let handoff = Mutex(())
     private let wakeup = DispatchSemaphore(value: 0)
     private let window: Int
     private let isV5: Bool
@@ -267,6 +278,11 @@ final class ClientCore: Sendable {
         }
 
         let connectProperties = MosquittoProperties()
+        if isV5 {
+            // The broker must not send us larger packets (MQTT 5 section 3.1.2.11.4); mosquitto drops such messages.
+            try connectProperties.add(
+                int32: MQTT_PROP_MAXIMUM_PACKET_SIZE, UInt32(config.maximumIncomingPacketSize), operation)
+        }
         if isV5 && !config.cleanSession {
             let seconds = UInt32(clamping: config.sessionExpiry.components.seconds)
             try connectProperties.add(int32: MQTT_PROP_SESSION_EXPIRY_INTERVAL, seconds, operation)
@@ -491,14 +507,24 @@ final class ClientCore: Sendable {
                 return .failed(error)
             }
         }
-        rc = message.payload.withUnsafeBytes { bytes in
-            mosquitto_publish_v5(
-                handle.raw, &mid, message.topic, Int32(bytes.count), bytes.baseAddress, Int32(message.qos.rawValue),
-                message.retain, properties?.list)
+        // For QoS 1/2, MOSQ_ERR_NO_CONN means libmosquitto found its socket closed (the connection was lost a moment
+        // ago, its disconnect callback has not run yet) but kept the message, and resends it under this mid after
+        // reconnecting: it is in flight like any other, and queueing it again would send it twice.
+        let keptByLibrary = { (rc: Int32) in
+            rc == Mosquitto.success || (rc == MOSQ_ERR_NO_CONN.rawValue && message.qos != .atMostOnce)
+        }
+        rc = handoff.withLock { _ in
+            let rc = message.payload.withUnsafeBytes { bytes in
+                mosquitto_publish_v5(
+                    handle.raw, &mid, message.topic, Int32(bytes.count), bytes.baseAddress,
+                    Int32(message.qos.rawValue), message.retain, properties?.list)
+            }
+            if keptByLibrary(rc) { register(mid: mid, item: item) }
+            return rc
         }
         withExtendedLifetime(properties) {}
-        if rc == Mosquitto.success {
-            register(mid: mid, item: item)
+        if keptByLibrary(rc) {
+            if message.qos == .atMostOnce { item.completion.complete(.success(())) }
             return .sent
         }
         releaseSlot(message.qos)
@@ -513,32 +539,18 @@ final class ClientCore: Sendable {
         state.withLock { $0.inflight -= 1 }
     }
 
-    /// Records the mid of a message libmosquitto accepted. The acknowledgement may already have arrived on the
-    /// loop thread (then it waits in `earlyAcks`); QoS 0 "acks" (sent notifications) are ignored.
+    /// Records the mid of a message libmosquitto accepted (called under `handoff`, so its acknowledgement cannot
+    /// be looked up before this). QoS 0 messages get no waiter: their "sent" notifications are ignored.
     private func register(mid: Int32, item: QueuedPublish) {
         let qos = item.message.qos
-        let early: Int32?? = state.withLock { state in
+        state.withLock { state in
             state.statistics.published += 1
             if qos == .atMostOnce {
-                if state.earlyAcks.removeValue(forKey: mid) == nil { state.ignoredAcks.insert(mid) }
-                return .some(nil)
+                state.ignoredAcks.insert(mid)
+            } else {
+                state.publishWaiters[mid] = CoreState.PendingAck(
+                    completion: item.completion, topic: item.message.topic)
             }
-            if let reason = state.earlyAcks.removeValue(forKey: mid) {
-                state.inflight -= 1
-                state.statistics.acknowledged += 1
-                return .some(reason)
-            }
-            state.publishWaiters[mid] = CoreState.PendingAck(completion: item.completion, topic: item.message.topic)
-            return nil
-        }
-        switch early {
-        case .none:
-            break
-        case .some(.none):
-            item.completion.complete(.success(()))
-        case .some(.some(let reason)):
-            item.completion.complete(publishResult(reason, topic: item.message.topic))
-            drainIfNeeded()
         }
     }
 
@@ -625,20 +637,23 @@ final class ClientCore: Sendable {
     }
 
     private func sendSubscribe(filter: String, qos: MQTTQoS, completion: Completion<MQTTQoS>?) -> TransmitOutcome {
-        var mid: Int32 = 0
-        let rc = mosquitto_subscribe_v5(handle.raw, &mid, filter, Int32(qos.rawValue), 0, nil)
+        let rc = handoff.withLock { _ in
+            var mid: Int32 = 0
+            let rc = mosquitto_subscribe_v5(handle.raw, &mid, filter, Int32(qos.rawValue), 0, nil)
+            if rc == Mosquitto.success {
+                state.withLock { state in
+                    state.subscribeRequests[mid] = CoreState.SubscribeRequest(
+                        filter: filter, qos: qos, completion: completion)
+                }
+            }
+            return rc
+        }
         if rc == MOSQ_ERR_NO_CONN.rawValue { return .notConnected }
         guard rc == Mosquitto.success else {
             let error = Mosquitto.error(rc, "subscribe to \(filter)")
             completion?.complete(.failure(error))
             return .failed(error)
         }
-        let early: Int32? = state.withLock { state in
-            if let granted = state.earlySubacks.removeValue(forKey: mid) { return granted }
-            state.subscribeRequests[mid] = CoreState.SubscribeRequest(filter: filter, qos: qos, completion: completion)
-            return nil
-        }
-        if let early { finishSubscribe(filter: filter, granted: early, completion: completion) }
         return .sent
     }
 
@@ -671,18 +686,21 @@ final class ClientCore: Sendable {
             return state.connected
         }
         guard connected else { return }
-        var mid: Int32 = 0
-        let rc = mosquitto_unsubscribe_v5(handle.raw, &mid, filter, nil)
+        let completion = Completion<Void>()
+        let rc = sendUnsubscribe(filter: filter, completion: completion)
         if rc == MOSQ_ERR_NO_CONN.rawValue { return }
         try Mosquitto.check(rc, operation)
-        let completion = Completion<Void>()
-        let early = state.withLock { state in
-            if state.earlyUnsubacks.remove(mid) != nil { return true }
-            state.unsubscribeWaiters[mid] = completion
-            return false
-        }
-        if early { return }
         try await completion.value(operation: operation)
+    }
+
+    /// Sends UNSUBSCRIBE and records `completion` as its waiter; returns libmosquitto's result.
+    private func sendUnsubscribe(filter: String, completion: Completion<Void>) -> Int32 {
+        handoff.withLock { _ in
+            var mid: Int32 = 0
+            let rc = mosquitto_unsubscribe_v5(handle.raw, &mid, filter, nil)
+            if rc == Mosquitto.success { state.withLock { $0.unsubscribeWaiters[mid] = completion } }
+            return rc
+        }
     }
 
     // MARK: Callbacks (loop thread)
@@ -770,10 +788,7 @@ final class ClientCore: Sendable {
         }
         states.yield(.connected(sessionPresent: sessionPresent))
         for filter in unsubscribe {
-            var mid: Int32 = 0
-            if mosquitto_unsubscribe_v5(handle.raw, &mid, filter, nil) == Mosquitto.success {
-                state.withLock { $0.unsubscribeWaiters[mid] = Completion<Void>() }  // nobody waits; keeps acks paired
-            }
+            _ = sendUnsubscribe(filter: filter, completion: Completion<Void>())  // nobody waits
         }
         for (filter, qos) in resubscribe {
             _ = sendSubscribe(filter: filter, qos: qos, completion: nil)
@@ -819,15 +834,14 @@ final class ClientCore: Sendable {
     }
 
     private func onPublish(mid: Int32, reason: Int32) {
-        let waiter = state.withLock { state -> CoreState.PendingAck? in
-            if state.ignoredAcks.remove(mid) != nil { return nil }
-            if let waiter = state.publishWaiters.removeValue(forKey: mid) {
+        let waiter = handoff.withLock { _ in
+            state.withLock { state -> CoreState.PendingAck? in
+                if state.ignoredAcks.remove(mid) != nil { return nil }
+                guard let waiter = state.publishWaiters.removeValue(forKey: mid) else { return nil }
                 state.inflight -= 1
                 state.statistics.acknowledged += 1
                 return waiter
             }
-            state.earlyAcks[mid] = reason
-            return nil
         }
         guard let waiter else { return }
         waiter.completion.complete(publishResult(reason, topic: waiter.topic))
@@ -835,26 +849,32 @@ final class ClientCore: Sendable {
     }
 
     private func onSubscribe(mid: Int32, granted: Int32) {
-        let request = state.withLock { state -> CoreState.SubscribeRequest? in
-            if let request = state.subscribeRequests.removeValue(forKey: mid) { return request }
-            state.earlySubacks[mid] = granted
-            return nil
+        let request = handoff.withLock { _ in
+            state.withLock { $0.subscribeRequests.removeValue(forKey: mid) }
         }
         guard let request else { return }
         finishSubscribe(filter: request.filter, granted: granted, completion: request.completion)
     }
 
     private func onUnsubscribe(mid: Int32) {
-        let waiter = state.withLock { state -> Completion<Void>? in
-            if let waiter = state.unsubscribeWaiters.removeValue(forKey: mid) { return waiter }
-            state.earlyUnsubacks.insert(mid)
-            return nil
+        let waiter = handoff.withLock { _ in
+            state.withLock { $0.unsubscribeWaiters.removeValue(forKey: mid) }
         }
         waiter?.complete(.success(()))
     }
 
     private func onMessage(_ message: mosquitto_message, properties: OpaquePointer?) {
         guard let topic = message.topic else { return }
+        // libmosquitto has read the whole packet by now (it has no incoming limit of its own); this keeps it from
+        // going further. Under MQTT 5 the broker knows our maximum and does not send larger packets, so this only
+        // matters for MQTT 3.1.1 (and a broker that ignores the maximum). Without the MQTT 5 property block the size
+        // is exact; with it, it is a lower bound.
+        let size = Self.publishPacketSize(
+            topicBytes: strlen(topic), payloadBytes: Int(max(0, message.payloadlen)), qos: message.qos, isV5: isV5)
+        guard size <= configuration.maximumIncomingPacketSize else {
+            receiveOversizeDropped.add(1, ordering: .relaxed)
+            return
+        }
         let payload: [UInt8]
         if let bytes = message.payload, message.payloadlen > 0 {
             payload = Array(UnsafeRawBufferPointer(start: bytes, count: Int(message.payloadlen)))
@@ -866,7 +886,21 @@ final class ClientCore: Sendable {
             qos: MQTTQoS(rawValue: Int(message.qos)) ?? .atMostOnce, retain: message.retain,
             properties: properties == nil ? MQTTPublishProperties() : MosquittoProperties.decodePublish(properties))
         self.received.add(1, ordering: .relaxed)
-        let dropped = incoming.yield(received)
+        let dropped = incoming.yield(received, bytes: received.bufferedSize)
         if dropped > 0 { receiveDropped.add(dropped, ordering: .relaxed) }
+    }
+
+    /// The size of a received PUBLISH packet with an empty MQTT 5 property block: fixed header, topic, packet id
+    /// (QoS 1/2) and payload.
+    static func publishPacketSize(topicBytes: Int, payloadBytes: Int, qos: Int32, isV5: Bool) -> Int {
+        let remaining = 2 + topicBytes + (qos > 0 ? 2 : 0) + (isV5 ? 1 : 0) + payloadBytes
+        let lengthBytes =
+            switch remaining {
+            case ..<128: 1
+            case ..<16_384: 2
+            case ..<2_097_152: 3
+            default: 4
+            }
+        return 1 + lengthBytes + remaining
     }
 }

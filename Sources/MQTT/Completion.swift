@@ -1,6 +1,8 @@
 // An exactly-once completion: the C side completes it from libmosquitto's thread, Swift awaits it, and whichever
 // comes first the result is delivered once. A result that arrives before anyone awaits is kept; an awaiter that is
-// cancelled gets `.cancelled` and the completion stays pending for other awaiters.
+// cancelled gets `.cancelled` at once and the completion stays pending for other awaiters. Every wait honours
+// cancellation; the only other way out is the bounded wait of a shutdown.
+import Dispatch
 import Synchronization
 
 final class Completion<Value: Sendable>: Sendable {
@@ -36,68 +38,120 @@ final class Completion<Value: Sendable>: Sendable {
         }
     }
 
-    /// Waits for the result, ignoring cancellation of the waiting task.
-    func valueIgnoringCancellation() async -> Result<Value, MQTTError> {
-        let id: UInt64 = state.withLock { state in
-            guard case .pending(let waiters, let nextID) = state else { return 0 }
-            state = .pending(waiters: waiters, nextID: nextID + 1)
-            return nextID
-        }
-        return await withCheckedContinuation { (continuation: Waiter) in
-            let immediate: Result<Value, MQTTError>? = state.withLock { state in
-                switch state {
-                case .done(let result):
-                    return result
-                case .pending(var waiters, let nextID):
-                    waiters[id] = continuation
-                    state = .pending(waiters: waiters, nextID: nextID)
-                    return nil
+    /// Waits for the result. Cancelling the waiting task ends this wait at once with `.cancelled` (its waiter is
+    /// dropped; the completion stays pending for other waiters).
+    func wait(operation: @autoclosure () -> String) async -> Result<Value, MQTTError> {
+        let id = nextWaiterID()
+        let cancelled = MQTTError(.cancelled, operation: operation(), detail: "the waiting task was cancelled")
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: Waiter) in
+                if let immediate = register(id, continuation, unlessCancelled: cancelled) {
+                    continuation.resume(returning: immediate)
                 }
             }
-            if let immediate { continuation.resume(returning: immediate) }
+        } onCancel: {
+            removeWaiter(id)?.resume(returning: .failure(cancelled))
         }
     }
 
     /// Waits for the result. Cancelling the waiting task ends this wait with `.cancelled`.
     func value(operation: @autoclosure () -> String) async throws(MQTTError) -> Value {
-        let id: UInt64 = state.withLock { state in
+        try await wait(operation: operation()).get()
+    }
+
+    /// Waits for the result for at most `timeout`, cancelled or not; after that the waiter is dropped and the wait
+    /// ends with `.cancelled`. For shutdown, where the task was cancelled on purpose and the other side gets a
+    /// bounded chance to finish.
+    func wait(atMost timeout: Duration, operation: @autoclosure () -> String) async -> Result<Value, MQTTError> {
+        let id = nextWaiterID()
+        let gaveUp = MQTTError(.cancelled, operation: operation(), detail: "gave up waiting after \(timeout)")
+        let milliseconds = Int(
+            clamping: timeout.components.seconds * 1000 + timeout.components.attoseconds / 1_000_000_000_000_000)
+        return await withCheckedContinuation { (continuation: Waiter) in
+            if let immediate = register(id, continuation, unlessCancelled: nil) {
+                continuation.resume(returning: immediate)
+                return
+            }
+            DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(milliseconds)) { [self] in
+                removeWaiter(id)?.resume(returning: .failure(gaveUp))
+            }
+        }
+    }
+
+    private func nextWaiterID() -> UInt64 {
+        state.withLock { state in
             guard case .pending(let waiters, let nextID) = state else { return 0 }
             state = .pending(waiters: waiters, nextID: nextID + 1)
             return nextID
         }
-        let cancelled = MQTTError(.cancelled, operation: operation(), detail: "the waiting task was cancelled")
-        let result = await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: Waiter) in
-                let immediate: Result<Value, MQTTError>? = state.withLock { state in
-                    switch state {
-                    case .done(let result):
-                        return result
-                    case .pending(var waiters, let nextID):
-                        if Task.isCancelled { return .failure(cancelled) }
-                        waiters[id] = continuation
-                        state = .pending(waiters: waiters, nextID: nextID)
-                        return nil
-                    }
-                }
-                if let immediate { continuation.resume(returning: immediate) }
-            }
-        } onCancel: {
-            let waiter: Waiter? = state.withLock { state in
-                guard case .pending(var waiters, let nextID) = state, let waiter = waiters.removeValue(forKey: id)
-                else { return nil }
+    }
+
+    /// Adds `continuation` as waiter `id`; returns the result instead when there is one, or `cancelled` when it is
+    /// given and the task was cancelled before the waiter could be added (the cancellation handler found nothing).
+    private func register(_ id: UInt64, _ continuation: Waiter, unlessCancelled cancelled: MQTTError?)
+        -> Result<Value, MQTTError>?
+    {
+        state.withLock { state in
+            switch state {
+            case .done(let result):
+                return result
+            case .pending(var waiters, let nextID):
+                if let cancelled, Task.isCancelled { return .failure(cancelled) }
+                waiters[id] = continuation
                 state = .pending(waiters: waiters, nextID: nextID)
-                return waiter
+                return nil
             }
-            waiter?.resume(returning: .failure(cancelled))
         }
-        return try result.get()
+    }
+
+    private func removeWaiter(_ id: UInt64) -> Waiter? {
+        state.withLock { state in
+            guard case .pending(var waiters, let nextID) = state, let waiter = waiters.removeValue(forKey: id)
+            else { return nil }
+            state = .pending(waiters: waiters, nextID: nextID)
+            return waiter
+        }
+    }
+}
+
+/// A bound on the bytes one stream holds for its reader: the producer takes an element's size before buffering it
+/// (or drops the element when it does not fit), the reader gives it back when it takes the element out.
+final class ByteBudget: Sendable {
+    /// The most bytes the stream may hold.
+    let limit: Int
+    private let used = Atomic<Int>(0)
+
+    init(limit: Int) {
+        self.limit = limit
+    }
+
+    /// Takes `bytes` out of the budget if they fit; false (and nothing taken) otherwise.
+    func take(_ bytes: Int) -> Bool {
+        var current = used.load(ordering: .relaxed)
+        while true {
+            guard current + bytes <= limit else { return false }
+            let (exchanged, original) = used.compareExchange(
+                expected: current, desired: current + bytes, ordering: .relaxed)
+            if exchanged { return true }
+            current = original
+        }
+    }
+
+    /// Returns `bytes` taken earlier.
+    func giveBack(_ bytes: Int) {
+        used.subtract(bytes, ordering: .relaxed)
     }
 }
 
 /// Fans values out to any number of `AsyncStream`s; each stream unregisters itself when its reader goes away.
 final class Broadcast<Element: Sendable>: Sendable {
+    private struct Subscriber {
+        let continuation: AsyncStream<Element>.Continuation
+        let budget: ByteBudget?
+    }
+
     private struct State {
-        var continuations: [UInt64: AsyncStream<Element>.Continuation] = [:]
+        var subscribers: [UInt64: Subscriber] = [:]
         var nextID: UInt64 = 0
         var finished = false
     }
@@ -106,22 +160,24 @@ final class Broadcast<Element: Sendable>: Sendable {
 
     init() {}
 
-    /// A new stream; `initial` (if any) is its first element.
+    /// A new stream; `initial` (if any) is its first element. With a `budget`, an element is buffered only when
+    /// its size (as passed to `yield`) fits, and the reader must give the size back when it takes the element.
     func makeStream(
-        bufferingPolicy: AsyncStream<Element>.Continuation.BufferingPolicy, initial: Element? = nil
+        bufferingPolicy: AsyncStream<Element>.Continuation.BufferingPolicy, initial: Element? = nil,
+        budget: ByteBudget? = nil
     ) -> AsyncStream<Element> {
         let (stream, continuation) = AsyncStream<Element>.makeStream(bufferingPolicy: bufferingPolicy)
         let registered: UInt64? = state.withLock { state in
             guard !state.finished else { return nil }
             let id = state.nextID
             state.nextID += 1
-            state.continuations[id] = continuation
+            state.subscribers[id] = Subscriber(continuation: continuation, budget: budget)
             if let initial { continuation.yield(initial) }
             return id
         }
         if let registered {
             continuation.onTermination = { [weak self] _ in
-                _ = self?.state.withLock { $0.continuations.removeValue(forKey: registered) }
+                _ = self?.state.withLock { $0.subscribers.removeValue(forKey: registered) }
             }
         } else {
             if let initial { continuation.yield(initial) }
@@ -130,14 +186,29 @@ final class Broadcast<Element: Sendable>: Sendable {
         return stream
     }
 
-    /// Sends `element` to every stream; returns how many streams dropped it because their buffer was full.
-    /// Yielding under the lock keeps the order the same in every stream when several threads yield.
+    /// Sends `element`, whose size is `bytes`, to every stream; returns how many streams dropped it because their
+    /// buffer was full (in elements, or in bytes for a stream with a budget). Yielding under the lock keeps the
+    /// order the same in every stream when several threads yield.
     @discardableResult
-    func yield(_ element: Element) -> Int {
+    func yield(_ element: Element, bytes: Int = 0) -> Int {
         state.withLock { state in
             var dropped = 0
-            for continuation in state.continuations.values {
-                if case .dropped = continuation.yield(element) { dropped += 1 }
+            for subscriber in state.subscribers.values {
+                if let budget = subscriber.budget, !budget.take(bytes) {
+                    dropped += 1
+                    continue
+                }
+                switch subscriber.continuation.yield(element) {
+                case .enqueued:
+                    break
+                case .dropped:
+                    dropped += 1
+                    subscriber.budget?.giveBack(bytes)
+                case .terminated:
+                    subscriber.budget?.giveBack(bytes)
+                @unknown default:
+                    break
+                }
             }
             return dropped
         }
@@ -147,8 +218,8 @@ final class Broadcast<Element: Sendable>: Sendable {
     func finish() {
         let continuations = state.withLock { state in
             state.finished = true
-            defer { state.continuations.removeAll() }
-            return Array(state.continuations.values)
+            defer { state.subscribers.removeAll() }
+            return state.subscribers.values.map(\.continuation)
         }
         for continuation in continuations { continuation.finish() }
     }

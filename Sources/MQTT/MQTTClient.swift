@@ -45,7 +45,8 @@ public final class MQTTClient: Sendable {
     /// Starts the client and waits for the first connection attempt.
     ///
     /// - Throws: `MQTTError` when the first attempt fails: `.connectionRefused(reason)` when the broker refused
-    ///   (bad credentials, not authorised...), `.library(code)` for network and TLS failures. The client is then shut
+    ///   (bad credentials, not authorised...), `.library(code)` for network and TLS failures; `.cancelled` at once
+    ///   when the calling task is cancelled, even while the attempt hangs in a TCP connect. The client is then shut
     ///   down; use `start()` instead to keep retrying in the background.
     public func connect() async throws(MQTTError) {
         try core.start()
@@ -58,24 +59,34 @@ public final class MQTTClient: Sendable {
     }
 
     /// Runs the client for the life of the calling task: starts it (see `start()`), then waits; when the task is
-    /// cancelled it disconnects cleanly and returns once the connection is closed.
+    /// cancelled it disconnects cleanly and returns once the connection is closed, or at the latest
+    /// `MQTTClient.shutdownGracePeriod` (3 s) after the cancellation, when the loop thread is stuck in a TCP connect
+    /// or a name lookup (it then ends by itself in the background).
     ///
     /// - Throws: `MQTTError` from `start()`.
     public func run() async throws(MQTTError) {
         try core.start()
+        let operation = "run MQTT client for \(core.configuration.broker)"
         await withTaskCancellationHandler {
-            _ = await core.finished.valueIgnoringCancellation()
+            _ = await core.finished.wait(operation: operation)
         } onCancel: {
             core.requestStop()
         }
+        // Cancelled (or the client was shut down otherwise): give the DISCONNECT its chance to go out.
+        _ = await core.finished.wait(atMost: Self.shutdownGracePeriod, operation: operation)
     }
+
+    /// How long `run()` waits, after its task was cancelled, for the connection to close.
+    public static let shutdownGracePeriod = Duration.seconds(3)
 
     /// Disconnects cleanly (the broker does not publish the will) and stops reconnecting. Messages already handed to
     /// libmosquitto are written before the DISCONNECT; queued ones and unacknowledged waits fail with `.shutDown`.
-    /// Returns when the loop thread has ended (within about 2 s even if the broker stopped answering).
+    /// Returns when the loop thread has ended: within about 2 s even if the broker stopped answering, later only while
+    /// it hangs in a TCP connect or a name lookup. When the calling task is cancelled it returns at once; the
+    /// client then finishes shutting down in the background.
     public func disconnect() async {
         core.requestStop()
-        _ = await core.finished.valueIgnoringCancellation()
+        _ = await core.finished.wait(operation: "disconnect from MQTT broker \(core.configuration.broker)")
     }
 
     /// The current connection state.
@@ -94,6 +105,7 @@ public final class MQTTClient: Sendable {
         var statistics = core.state.withLock { $0.statistics }
         statistics.received = core.received.load(ordering: .relaxed)
         statistics.receiveDropped = core.receiveDropped.load(ordering: .relaxed)
+        statistics.receiveOversizeDropped = core.receiveOversizeDropped.load(ordering: .relaxed)
         return statistics
     }
 
@@ -144,10 +156,16 @@ public final class MQTTClient: Sendable {
 
     /// Received messages, optionally only those matching `filter`. Every call makes a new independent stream;
     /// make it before subscribing so no message is missed (retained messages arrive right after the SUBACK).
+    ///
+    /// Each stream buffers at most `receiveBufferCapacity` messages and `receiveBufferBytes` bytes (payload plus
+    /// topic) for its reader; beyond either bound new messages are dropped for that stream and counted in
+    /// `statistics.receiveDropped`.
     public func messages(matching filter: String? = nil) -> MQTTMessageStream {
         let capacity = core.configuration.receiveBufferCapacity
+        let budget = ByteBudget(limit: core.configuration.receiveBufferBytes)
         return MQTTMessageStream(
-            base: core.incoming.makeStream(bufferingPolicy: .bufferingOldest(capacity)), filter: filter)
+            base: core.incoming.makeStream(bufferingPolicy: .bufferingOldest(capacity), budget: budget),
+            filter: filter, budget: budget)
     }
 }
 

@@ -203,6 +203,15 @@ public struct MQTTConfiguration: Sendable {
     /// How many received messages each message stream buffers for a slow reader before it drops new ones
     /// (counted in `MQTTClientStatistics.receiveDropped`).
     public var receiveBufferCapacity: Int
+    /// The largest MQTT packet, in bytes (fixed header included), the client takes from the broker. Under MQTT 5 it
+    /// is sent as the CONNECT's Maximum Packet Size, so the broker drops larger messages instead of forwarding them;
+    /// under MQTT 3.1.1 the client drops received messages whose PUBLISH is larger (counted in
+    /// `MQTTClientStatistics.receiveOversizeDropped`). 256 bytes to 268,435,460 (the MQTT maximum); default 1 MiB.
+    public var maximumIncomingPacketSize: Int
+    /// How many bytes (payload plus topic) of received messages each message stream buffers for a slow reader before
+    /// it drops new ones, as `receiveBufferCapacity` does for their number (counted in
+    /// `MQTTClientStatistics.receiveDropped`). At least `maximumIncomingPacketSize`; default 16 MiB.
+    public var receiveBufferBytes: Int
 
     /// Creates a configuration with the defaults documented on each property.
     public init(
@@ -210,7 +219,8 @@ public struct MQTTConfiguration: Sendable {
         cleanSession: Bool = true, sessionExpiry: Duration = .seconds(86_400), keepAlive: Duration = .seconds(60),
         credentials: MQTTCredentials? = nil, tls: MQTTTLSConfiguration? = nil, will: MQTTWill? = nil,
         reconnect: MQTTReconnectPolicy = MQTTReconnectPolicy(), offlineQueueCapacity: Int = 10_000,
-        maxInflightMessages: Int = 100, receiveBufferCapacity: Int = 100_000
+        maxInflightMessages: Int = 100, receiveBufferCapacity: Int = 100_000,
+        maximumIncomingPacketSize: Int = 1_048_576, receiveBufferBytes: Int = 16_777_216
     ) {
         self.broker = broker
         self.clientID = clientID
@@ -225,7 +235,13 @@ public struct MQTTConfiguration: Sendable {
         self.offlineQueueCapacity = offlineQueueCapacity
         self.maxInflightMessages = maxInflightMessages
         self.receiveBufferCapacity = receiveBufferCapacity
+        self.maximumIncomingPacketSize = maximumIncomingPacketSize
+        self.receiveBufferBytes = receiveBufferBytes
     }
+
+    /// The largest packet MQTT can carry: a 268,435,455-byte remaining length, its 4-byte length field and the
+    /// packet type byte.
+    static let largestPacketSize = 268_435_460
 
     /// Checks the settings that can be checked without touching the network or the file system.
     ///
@@ -255,6 +271,17 @@ public struct MQTTConfiguration: Sendable {
             throw fail("maxInflightMessages", "must be between 1 and 32768")
         }
         guard receiveBufferCapacity >= 1 else { throw fail("receiveBufferCapacity", "must be at least 1") }
+        guard (256...MQTTConfiguration.largestPacketSize).contains(maximumIncomingPacketSize) else {
+            throw fail(
+                "maximumIncomingPacketSize",
+                "must be between 256 and \(MQTTConfiguration.largestPacketSize) bytes (the largest MQTT packet)")
+        }
+        guard receiveBufferBytes >= maximumIncomingPacketSize else {
+            throw fail(
+                "receiveBufferBytes",
+                "must be at least maximumIncomingPacketSize (\(maximumIncomingPacketSize)), or no message of that size "
+                    + "could be buffered")
+        }
         if tls != nil && !broker.usesTLS {
             throw fail("tls", "TLS settings given but the broker URL is \(broker) (use mqtts://)")
         }

@@ -129,10 +129,14 @@ public struct MQTTClientStatistics: Sendable, Hashable {
     public var droppedQoS0: Int = 0
     /// QoS 1/2 messages dropped because the offline queue was full of them.
     public var droppedQoS1Or2: Int = 0
-    /// Messages received from the broker.
+    /// Messages received from the broker (not counting those dropped as oversized).
     public var received: Int = 0
-    /// Received messages a stream dropped because its reader fell behind.
+    /// Received messages a stream dropped because its reader fell behind (its message or byte bound was reached);
+    /// a message dropped by two streams counts twice.
     public var receiveDropped: Int = 0
+    /// Received messages dropped because their packet was larger than `MQTTConfiguration.maximumIncomingPacketSize`
+    /// (MQTT 3.1.1; under MQTT 5 the broker drops them before they are sent).
+    public var receiveOversizeDropped: Int = 0
     /// Successful connections (the first one included).
     public var connections: Int = 0
 }

@@ -2,23 +2,28 @@
 
 /// Messages received from the broker, optionally narrowed to one topic filter.
 ///
-/// Each stream has its own buffer (`MQTTConfiguration.receiveBufferCapacity`); when a reader falls behind, new
-/// messages are dropped for that stream and counted. The stream ends when the client shuts down.
+/// Each stream has its own buffer, bounded in messages (`MQTTConfiguration.receiveBufferCapacity`) and in bytes
+/// (`MQTTConfiguration.receiveBufferBytes`, payload plus topic); when a reader falls behind, new messages are dropped
+/// for that stream and counted (`MQTTClientStatistics.receiveDropped`). Messages the filter rejects pass through the
+/// buffer too. The stream ends when the client shuts down.
 public struct MQTTMessageStream: AsyncSequence, Sendable {
     /// The element type.
     public typealias Element = MQTTMessage
 
     let base: AsyncStream<MQTTMessage>
     let filter: String?
+    let budget: ByteBudget?
 
     /// The iterator; use it from one task.
     public struct AsyncIterator: AsyncIteratorProtocol {
         var base: AsyncStream<MQTTMessage>.AsyncIterator
         let filter: String?
+        let budget: ByteBudget?
 
         /// The next message that matches the stream's filter, or nil when the client shut down.
         public mutating func next() async -> MQTTMessage? {
             while let message = await base.next() {
+                budget?.giveBack(message.bufferedSize)
                 if let filter, !MQTTTopic.matches(filter: filter, topic: message.topic) { continue }
                 return message
             }
@@ -28,6 +33,7 @@ public struct MQTTMessageStream: AsyncSequence, Sendable {
         /// The next element, on the caller's actor.
         public mutating func next(isolation actor: isolated (any Actor)?) async -> MQTTMessage? {
             while let message = await base.next(isolation: actor) {
+                budget?.giveBack(message.bufferedSize)
                 if let filter, !MQTTTopic.matches(filter: filter, topic: message.topic) { continue }
                 return message
             }
@@ -37,8 +43,13 @@ public struct MQTTMessageStream: AsyncSequence, Sendable {
 
     /// Makes the iterator.
     public func makeAsyncIterator() -> AsyncIterator {
-        AsyncIterator(base: base.makeAsyncIterator(), filter: filter)
+        AsyncIterator(base: base.makeAsyncIterator(), filter: filter, budget: budget)
     }
+}
+
+extension MQTTMessage {
+    /// What a buffered message counts against `MQTTConfiguration.receiveBufferBytes`: its payload and topic bytes.
+    var bufferedSize: Int { payload.count + topic.utf8.count }
 }
 
 /// Where the client's connection stands.

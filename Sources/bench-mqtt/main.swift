@@ -9,6 +9,14 @@
 //   bench-mqtt echo --port P
 //       Test helper (MQTT 5 interop): answers each message on echo/request on its response topic, with the same
 //       payload, correlation data and content type, the user properties plus ("echoed-by", "blebridge").
+//   bench-mqtt burst --port P [--count N] [--payload BYTES] [--qos Q]
+//       Test helper (a broker that drops us mid-write): prints "SIGPIPE: ignored" (or "SIGPIPE: default") as the
+//       process starts, before any client exists; connects, prints "connected", publishes N messages of BYTES
+//       at QoS Q as fast as the client takes them, prints "lost connection: <error>" when the connection goes and
+//       "reconnecting (attempt A)" at the next attempt, then disconnects, prints "stopped" and exits 0. Exits 1 when
+//       the connection is not lost within 20 s.
+//
+// Like every program that uses the MQTT client, it ignores SIGPIPE first (MQTTProcess.ignoreBrokenPipe()).
 import MQTT
 
 #if canImport(Glibc)
@@ -46,6 +54,13 @@ func format(_ value: Double, _ digits: Int) -> String {
     return text
 }
 
+MQTTProcess.ignoreBrokenPipe()
+
+/// Writes `line` and a newline to stdout at once (unbuffered: the tests read it while the process runs).
+func say(_ line: String) {
+    _ = "\(line)\n".withCString { write(1, $0, strlen($0)) }
+}
+
 guard let port = UInt16(argument("--port", default: "")) else { fail("--port is required") }
 let broker = MQTTBrokerURL(host: "127.0.0.1", port: port)
 
@@ -57,7 +72,7 @@ if CommandLine.arguments.dropFirst().first == "will-child" {
     do {
         let client = try MQTTClient(configuration: configuration)
         try await client.connect()
-        _ = "connected\n".withCString { write(1, $0, strlen($0)) }
+        say("connected")
         while true { try await Task.sleep(for: .seconds(3600)) }
     } catch {
         fail("\(error)")
@@ -70,7 +85,7 @@ if CommandLine.arguments.dropFirst().first == "echo" {
         try await client.connect()
         let requests = client.messages()
         try await client.subscribe(to: "echo/request", qos: .atLeastOnce)
-        _ = "ready\n".withCString { write(1, $0, strlen($0)) }
+        say("ready")
         for await request in requests {
             guard let responseTopic = request.properties.responseTopic else { continue }
             var properties = MQTTPublishProperties(
@@ -80,6 +95,60 @@ if CommandLine.arguments.dropFirst().first == "echo" {
             try await client.publish(
                 to: responseTopic, payload: request.payload, qos: .atLeastOnce, properties: properties)
         }
+        exit(0)
+    } catch {
+        fail("\(error)")
+    }
+}
+
+if CommandLine.arguments.dropFirst().first == "burst" {
+    // Asked before any client exists: libmosquitto 2.0.11 also ignores SIGPIPE in mosquitto_new, 2.0.15 and later
+    // do not, so only this shows that the process does it itself.
+    var disposition = sigaction()
+    sigaction(SIGPIPE, nil, &disposition)
+    let ignored = disposition.__sigaction_handler.sa_handler.map { unsafeBitCast($0, to: Int.self) == 1 } ?? false
+    say("SIGPIPE: \(ignored ? "ignored" : "default")")  // SIG_IGN is the handler 1
+    let count = integerArgument("--count", default: 2000, in: 1...1_000_000)
+    let payloadSize = integerArgument("--payload", default: 32_768, in: 0...(16 * 1024 * 1024))
+    guard let qos = MQTTQoS(rawValue: integerArgument("--qos", default: 0, in: 0...2)) else { fail("--qos: 0, 1 or 2") }
+    var configuration = MQTTConfiguration(
+        broker: broker, clientID: "burst-\(getpid())", protocolVersion: .v5, offlineQueueCapacity: count)
+    configuration.reconnect = MQTTReconnectPolicy(initialDelay: .milliseconds(50), maximumDelay: .milliseconds(200))
+    do {
+        let client = try MQTTClient(configuration: configuration)
+        let states = client.connectionStates()
+        try await client.connect()
+        say("connected")
+        let timeout = Task {
+            try await Task.sleep(for: .seconds(20))
+            fail("the connection was not lost within 20 s")
+        }
+        let message = MQTTOutgoingMessage(
+            topic: "burst", payload: [UInt8](repeating: 0x42, count: payloadSize), qos: qos)
+        let publisher = Task {
+            for index in 0..<count {
+                if Task.isCancelled { break }
+                _ = try? client.send(message)
+                if index % 16 == 15 { await Task.yield() }
+            }
+        }
+        var lost = false
+        watch: for await state in states {
+            switch state {
+            case .waitingToReconnect(_, _, let error) where !lost:
+                say("lost connection: \(error)")
+                lost = true
+            case .connecting(let attempt) where lost:
+                say("reconnecting (attempt \(attempt))")
+                break watch
+            default:
+                continue
+            }
+        }
+        publisher.cancel()
+        timeout.cancel()
+        await client.disconnect()
+        say("stopped")
         exit(0)
     } catch {
         fail("\(error)")
@@ -102,10 +171,14 @@ let levels = argument("--qos", default: "0,1").split(separator: ",").compactMap 
 
 func run(qos: MQTTQoS) async throws {
     let topic = "bench/qos\(qos.rawValue)"
+    // The subscriber takes the benchmark's packets, and buffers all of them if its reader falls behind.
+    let packetLimit = min(268_435_460, max(1_048_576, payloadSize + 1024))
     func configuration(_ name: String) -> MQTTConfiguration {
         MQTTConfiguration(
             broker: broker, clientID: "bench-\(name)-\(getpid())", protocolVersion: .v5,
-            offlineQueueCapacity: count, maxInflightMessages: inflight, receiveBufferCapacity: count)
+            offlineQueueCapacity: count, maxInflightMessages: inflight, receiveBufferCapacity: count,
+            maximumIncomingPacketSize: packetLimit,
+            receiveBufferBytes: max(packetLimit, count * (payloadSize + topic.utf8.count)))
     }
     let subscriber = try MQTTClient(configuration: configuration("sub\(qos.rawValue)"))
     let publisher = try MQTTClient(configuration: configuration("pub\(qos.rawValue)"))

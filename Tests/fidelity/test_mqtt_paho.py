@@ -129,6 +129,28 @@ def test_mqtt5_request_response_interop(broker, binaries):
         responses.close()
 
 
+def test_oversized_request_never_reaches_our_client(broker, binaries):
+    """Our client announces a 1 MiB maximum packet size in its MQTT 5 CONNECT: the broker drops paho's 2 MiB request
+    instead of forwarding it, and our client stays connected and answers the next, small one."""
+    echo = subprocess.Popen(
+        [str(binaries / "bench-mqtt"), "echo", "--port", str(broker)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    responses = Collector(broker, "echo/response/#")
+    try:
+        wait_for_line(echo, "ready")
+        for topic, payload in [("echo/response/big", b"x" * (2 << 20)), ("echo/response/small", b"small")]:
+            properties = Properties(PacketTypes.PUBLISH)
+            properties.ResponseTopic = topic
+            responses.client.publish("echo/request", payload, qos=1, properties=properties).wait_for_publish(10)
+        (response,) = responses.wait_for(1)
+        assert response.topic == "echo/response/small" and response.payload == b"small"
+        assert echo.poll() is None, echo.stderr.read()
+    finally:
+        echo.kill()
+        echo.wait(timeout=5)
+        responses.close()
+
+
 def test_benchmark_messages_seen_by_paho(broker, binaries):
     """Everything our publisher sends in the benchmark also reaches an independent subscriber, intact and in order."""
     watcher = Collector(broker, "bench/#", qos=1)
