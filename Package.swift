@@ -47,7 +47,7 @@ let package = Package(
         .target(name: "BridgeDaemon", dependencies: ["BridgeAdapters", "BridgeCore", "BridgeKit", "GATTCrypto", "Logging"]),
 
         // Executables: wiring only.
-        .executableTarget(name: "blebridge", dependencies: ["BridgeTools", "BridgeDaemon", "BridgeKit", "BridgeCore"]),
+        .executableTarget(name: "blebridge", dependencies: ["BridgeTools", "BridgeDaemon", "BridgeKit", "BridgeCore", "MQTT"]),
         .executableTarget(name: "bluez-sim", dependencies: ["BlueZSimulator", "DBus"]),
         .executableTarget(name: "bench-gatt", dependencies: ["GATT", "GATTCrypto"]),
         .executableTarget(name: "bench-mqtt", dependencies: ["MQTT"]),
