@@ -53,7 +53,11 @@ extension Bridge {
     func subscribeCommands() async {
         var filters = topics.subscriptions
         let ha = config.homeAssistant
-        if ha.enabled { filters.append(ha.statusTopic) }
+        if ha.enabled {
+            filters.append(ha.statusTopic)
+            // Retained discovery messages of ours for devices no longer configured are removed when they arrive.
+            filters.append("\(ha.prefix)/device/+/config")
+        }
         for filter in filters {
             do {
                 try await mqtt.subscribe(filter)
@@ -77,6 +81,10 @@ extension Bridge {
                 logger.info("Home Assistant is online: publishing discovery again")
                 publishAllDiscovery()
             }
+            return
+        }
+        if c.homeAssistant.enabled, message.topic.hasPrefix("\(c.homeAssistant.prefix)/device/") {
+            removeStaleDiscovery(message)
             return
         }
         guard let command = topics.command(for: message.topic) else { return }
@@ -120,6 +128,25 @@ extension Bridge {
             logger.warning("\(message.topic): \(outcome.error ?? "")")
         }
         publish(topic, payload, qos: 1, retain: false, correlation: message.correlationData)
+    }
+
+    /// A retained discovery message of ours (object id `blebridge_<id>`, state under our base topic) for a device
+    /// that is not known any more: publish the empty retained message that removes it from Home Assistant.
+    func removeStaleDiscovery(_ message: BridgeIncomingMessage) {
+        guard message.retain, !message.payload.isEmpty else { return }
+        let parts = message.topic.split(separator: "/").map(String.init)
+        guard parts.count >= 4, let objectID = parts.dropLast().last, objectID.hasPrefix("blebridge_"),
+            !objectID.hasPrefix("blebridge_bridge_")
+        else { return }
+        let id = String(objectID.dropFirst("blebridge_".count))
+        guard record(id) == nil else { return }
+        // An auto device (its id is its address) is simply not seen yet.
+        if config.autoDevices.enabled, id.count == 12, id.utf8.allSatisfy(isASCIIHexDigit) { return }
+        guard let json = try? JSONReader.parse(message.payload), let state = json["state_topic"]?.string,
+            state == topics.state(id)
+        else { return }
+        logger.info("device \(id) is not configured any more: removing it from Home Assistant")
+        removeDiscovery(id: id)
     }
 
     // MARK: /set and /get

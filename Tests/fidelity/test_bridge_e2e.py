@@ -334,3 +334,57 @@ def test_run_rejects_a_bad_config_and_a_missing_adapter(broker, demo_sim, tmp_pa
     r = subprocess.run([str(bin_dir() / "blebridge"), "run", "--config", str(missing)], capture_output=True,
                        text=True, env=demo_sim.env, timeout=20)
     assert r.returncode == 78 and "hci7 not found" in r.stderr
+
+
+def test_device_removed_from_the_config_leaves_home_assistant(rig):
+    first = rig.bridge()
+    j = rig.judge
+    j.wait_json("homeassistant/device/blebridge_ruuvi/config", lambda v: "cmps" in v)
+    first.stop()
+    text = demo_config(rig.broker.port)
+    start = text.index("  - name: ruuvi")
+    end = text.index("  - name: echo")
+    second = rig.bridge(text[:start] + text[end:])
+    t = time.monotonic()
+    j.wait(lambda m: any(tp == "homeassistant/device/blebridge_ruuvi/config" and not p and ts >= t
+                         for ts, tp, p, _ in m), what="the empty retained discovery message")
+    assert second.proc.poll() is None
+
+
+def test_passive_device_goes_offline_when_it_stops_advertising(broker, demo_sim):
+    text = demo_config(broker.port) + "availability: {passive_timeout: 2, passive_intervals: 3}\n"
+    j = Judge(broker.port)
+    bridge = BridgeProcess(text, demo_sim.env)
+    try:
+        j.wait_json("blebridge/balcony/availability", online("online"))
+        t = time.monotonic()
+        demo_sim.control("SetAdvertisement", f"string:{BTHOME}", "string:{advertising: false}")
+        j.wait_json("blebridge/balcony/availability", online("offline"), after=t, timeout=15)
+        assert time.monotonic() - t >= 1.5, "not before the timeout"
+        j.wait_json("blebridge/ruuvi", lambda v: "temperature_c" in v, after=time.monotonic())
+        t2 = time.monotonic()
+        demo_sim.control("SetAdvertisement", f"string:{BTHOME}", "string:{advertising: true}")
+        j.wait_json("blebridge/balcony/availability", online("online"), after=t2, timeout=15)
+    finally:
+        bridge.close()
+        j.close()
+
+
+def test_silent_subscription_triggers_a_reconnect(broker, demo_sim):
+    text = demo_config(broker.port).replace("allow_raw_gatt: true", "allow_raw_gatt: true\nbluetooth: {silence_factor: 2}")
+    j = Judge(broker.port)
+    bridge = BridgeProcess(text, demo_sim.env)
+    try:
+        j.wait_json("blebridge/chest_strap", lambda v: "heart_rate_bpm" in v)
+        time.sleep(3)  # a few intervals so the bridge learns the strap's 1 s rhythm
+        t = time.monotonic()
+        demo_sim.control("SetNotificationRate", f"string:{HR_STRAP}", "string:2A37", "double:0")
+        event = j.wait_json("blebridge/bridge/event",
+                            lambda v: v["type"] == "disconnected" and v["data"]["id"] == "chest_strap", after=t,
+                            timeout=30)
+        assert "silent" in event["data"]["reason"]
+        demo_sim.control("SetNotificationRate", f"string:{HR_STRAP}", "string:2A37", "double:1")
+        j.wait_json("blebridge/chest_strap", lambda v: "heart_rate_bpm" in v, after=time.monotonic(), timeout=30)
+    finally:
+        bridge.close()
+        j.close()
