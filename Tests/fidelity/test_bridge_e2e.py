@@ -55,7 +55,7 @@ def test_set_and_get_report_their_results(rig):
     assert result == {"status": "ok", "data": {"message": "hello"}, "transaction": 42}
     j.wait_json("blebridge/echo", lambda v: v.get("echo") == "hello", after=start)
     writes = rig.sim.control("GetWrites", f"string:{ECHO}")
-    assert "0x68 0x65 0x6c 0x6c 0x6f" in writes.replace("  ", " ") or "hello" in writes or "68" in writes
+    assert 'array of bytes "hello"' in writes
     # /set/<name> with a plain value.
     t1 = time.monotonic()
     j.publish("blebridge/echo/set/message", "plain")
@@ -385,6 +385,123 @@ def test_silent_subscription_triggers_a_reconnect(broker, demo_sim):
         assert "silent" in event["data"]["reason"]
         demo_sim.control("SetNotificationRate", f"string:{HR_STRAP}", "string:2A37", "double:1")
         j.wait_json("blebridge/chest_strap", lambda v: "heart_rate_bpm" in v, after=time.monotonic(), timeout=30)
+    finally:
+        bridge.close()
+        j.close()
+
+
+TWO_ADAPTERS = """
+adapters:
+  - {id: hci0, address: "00:1A:7D:DA:71:10", name: sim0}
+  - {id: hci1, address: "00:1A:7D:DA:71:11", name: sim1}
+peripherals:
+"""
+
+
+def hr_peripheral(address, adapter, rssi):
+    return f"""
+  - address: "{address}"
+    adapter: {adapter}
+    name: "HR {address[-2:]}"
+    rssi: {rssi}
+    service_uuids: ["180D"]
+    gatt:
+      - uuid: "180D"
+        characteristics:
+          - {{uuid: "2A37", flags: [notify], notify: {{rate: 2, sequence: ["00 41", "00 42"]}}}}
+"""
+
+
+def test_two_adapters_share_devices_by_connection_slots(broker):
+    d1, d2, d3 = "C0:00:00:00:00:01", "C0:00:00:00:00:02", "C0:00:00:00:00:03"
+    scenario = TWO_ADAPTERS + "".join([
+        hr_peripheral(d1, "hci0", -85), hr_peripheral(d1, "hci1", -50),
+        hr_peripheral(d2, "hci0", -60), hr_peripheral(d2, "hci1", -55),
+        hr_peripheral(d3, "hci0", -70),
+    ])
+    sim = start_simulator(scenario)
+    config = f"""
+mqtt: {{url: "mqtt://127.0.0.1:{broker.port}"}}
+bluetooth: {{connection_slots: 1}}
+devices:
+  - {{name: one, match: {{address: "{d1}"}}, mode: connected}}
+  - {{name: two, match: {{address: "{d2}"}}, mode: connected}}
+  - {{name: three, match: {{address: "{d3}"}}, mode: connected}}
+"""
+    j = Judge(broker.port)
+    bridge = BridgeProcess(config, sim.env)
+    try:
+        def placed(msgs):
+            for _, t, p, _ in reversed(msgs):
+                if t == "blebridge/bridge/devices" and p:
+                    devices = {d["id"]: d for d in json.loads(p)}
+                    connected = [d for d in devices.values() if d["state"] == "streaming"]
+                    if len(connected) == 2:
+                        return devices
+                    return None
+            return None
+        devices = j.wait(placed, timeout=30, what="two devices streaming")
+        adapters = sorted(d["adapter"] for d in devices.values() if d["state"] == "streaming")
+        assert adapters == ["hci0", "hci1"], devices
+        assert devices["three"]["state"] != "streaming"
+        # One connection per adapter: "three" (heard on hci0 only) waits for a free slot there.
+        j.wait(lambda m: "connection slot" in bridge.log(), timeout=20, what="the no-slot retry in the log")
+        holder = next(d["id"] for d in devices.values() if d["adapter"] == "hci0" and d["state"] == "streaming")
+        t = time.monotonic()
+        j.publish("blebridge/bridge/request/device/disconnect", {"id": holder})
+        j.wait_json("blebridge/three/availability", online("online"), after=t, timeout=60)
+        j.wait_json("blebridge/three", lambda v: v.get("heart_rate_bpm") in (65, 66), after=t)
+    finally:
+        bridge.close()
+        j.close()
+        sim.stop()
+
+
+POLL_CONFIG = """
+mqtt: {{url: "mqtt://127.0.0.1:{port}"}}
+devices:
+  - name: strap_poll
+    match: {{address: "A0:9E:1A:4F:2C:11"}}
+    mode: poll
+    poll: [battery_level, body_sensor_location]
+    poll_interval: 2
+  - name: echo_on_demand
+    match: {{address: "F1:E2:D3:C4:B5:A6"}}
+    mode: on-demand
+    writable: [{{name: raw_rx, characteristic: "6e400002-b5a3-f393-e0a9-e50e24dcca9e"}}]
+  - name: thermo_attr
+    match: {{address: "00:09:1F:84:6C:21"}}
+    mode: connected
+    output: attribute_and_json
+auto_devices: {{enabled: true}}
+"""
+
+
+def test_poll_on_demand_attribute_output_and_auto_devices(broker, demo_sim):
+    j = Judge(broker.port)
+    bridge = BridgeProcess(POLL_CONFIG.format(port=broker.port), demo_sim.env)
+    try:
+        first = j.wait_json("blebridge/strap_poll", lambda v: "body_sensor_location" in v and "battery_pct" in v,
+                            timeout=30)
+        assert first["battery_pct"] == 90 and "heart_rate_bpm" not in first
+        t = time.monotonic()
+        j.wait_json("blebridge/strap_poll", lambda v: v.get("battery_pct") == 90, after=t + 0.5, timeout=20)
+        j.wait_json("blebridge/strap_poll/availability", online("online"))
+        # Between polls the strap is not connected.
+        # On-demand: connected only for the command.
+        t = time.monotonic()
+        j.publish("blebridge/echo_on_demand/set", {"raw_rx": "6869"})
+        r = j.wait_json("blebridge/echo_on_demand/set/result", after=t, timeout=30)
+        assert r["status"] == "ok", r
+        writes = demo_sim.control("GetWrites", "string:F1:E2:D3:C4:B5:A6")
+        assert 'array of bytes "hi"' in writes
+        # attribute_and_json: plain values on their own topics as well.
+        j.wait(lambda m: any(tp == "blebridge/thermo_attr/temperature_c" for _, tp, _, _ in m), timeout=20,
+               what="the attribute topic")
+        j.wait_json("blebridge/thermo_attr", lambda v: "temperature_c" in v)
+        # auto_devices: the BTHome and Ruuvi advertisers appear under their address ids.
+        j.wait_json("blebridge/a4c1388f80a5", lambda v: "temperature_c" in v, timeout=20)
+        j.wait_json("blebridge/cbb8334c884f", lambda v: "pressure_pa" in v, timeout=20)
     finally:
         bridge.close()
         j.close()
