@@ -85,8 +85,10 @@ public final class BlueZClient: Sendable {
             shot.complete(false)
         }
         defer { timer.cancel() }
-        guard await shot.value() else {
-            throw .timeout(device: nil, operation: "loading BlueZ's object tree", seconds: timeout.seconds)
+        switch await shot.value() {
+        case true?: return
+        case false?: throw .timeout(device: nil, operation: "loading BlueZ's object tree", seconds: timeout.seconds)
+        case nil: throw .cancelled(operation: "loading BlueZ's object tree")
         }
     }
 
@@ -244,11 +246,8 @@ public final class BlueZClient: Sendable {
             shot.complete(nil)
         }
         defer { timer.cancel() }
-        return await withTaskCancellationHandler {
-            await shot.value()
-        } onCancel: {
-            shot.complete(nil)
-        }
+        // OneShot.value() returns nil when this task is cancelled.
+        return await shot.value() ?? nil
     }
 
     /// Adds objects bluetoothd exports but the mirror lacks (bluez#1489: `ServicesResolved` before the objects).

@@ -121,7 +121,7 @@ public final class BlueZPeripheral: Sendable {
         var sawConnected: Bool?
         var subscription: UInt64?
         var sessions: [String: NotifySession] = [:]
-        var waiters: [OneShot<BlueZDisconnectReason>] = []
+        var waiters: [ObjectIdentifier: OneShot<BlueZDisconnectReason>] = [:]
         var negotiatedMTU: Int?
     }
     let state = Mutex(State())
@@ -151,16 +151,40 @@ public final class BlueZPeripheral: Sendable {
     public var disconnection: BlueZDisconnectReason? { state.withLock { $0.disconnection } }
 
     /// Waits until the connection ends and returns why.
+    ///
+    /// Cancellable: when the waiting task is cancelled it returns at once with a reason of kind `.unknown` whose
+    /// message says the wait was cancelled (check `isConnected`); use `disconnectionReason()` to get a thrown
+    /// `BlueZError.cancelled` instead.
     public func waitForDisconnection() async -> BlueZDisconnectReason {
+        if let reason = await disconnectionUnlessCancelled() { return reason }
+        return disconnection
+            ?? BlueZDisconnectReason(kind: .unknown, message: "the wait for the disconnection was cancelled")
+    }
+
+    /// Waits until the connection ends and returns why.
+    /// - Throws: `BlueZError.cancelled` when the waiting task is cancelled first (the connection may still be up).
+    public func disconnectionReason() async throws(BlueZError) -> BlueZDisconnectReason {
+        if let reason = await disconnectionUnlessCancelled() { return reason }
+        throw .cancelled(operation: "device \(label): waiting for the disconnection")
+    }
+
+    /// The reason once the connection ends; nil when the waiting task is cancelled (its waiter is dropped).
+    func disconnectionUnlessCancelled() async -> BlueZDisconnectReason? {
         let shot = OneShot<BlueZDisconnectReason>()
+        let key = ObjectIdentifier(shot)
         let already = state.withLock { s -> BlueZDisconnectReason? in
             if let d = s.disconnection { return d }
-            s.waiters.append(shot)
+            s.waiters[key] = shot
             return nil
         }
         if let already { return already }
-        return await shot.value()
+        let reason = await shot.value()
+        if reason == nil { _ = state.withLock { $0.waiters.removeValue(forKey: key) } }
+        return reason
     }
+
+    /// The number of tasks waiting for the disconnection (tests check that cancelled waits do not linger).
+    var disconnectionWaiterCount: Int { state.withLock { $0.waiters.count } }
 
     /// The ATT MTU: from AcquireNotify when one was done, else the largest characteristic `MTU` property.
     public var mtu: Int? {
@@ -194,9 +218,16 @@ public final class BlueZPeripheral: Sendable {
                         signalReason: signal?.reason, message: signal?.message, requested: requested))
             }
         case .propertiesChanged(let p, BlueZName.characteristic, let changed, _):
-            guard let value = changed["Value"]?.bytes else { return }
-            let session = state.withLock { $0.sessions[p] }
-            session?.deliver(value)
+            guard let session = state.withLock({ $0.sessions[p] }) else { return }
+            if let value = changed["Value"]?.bytes { session.deliver(value) }
+            if let notifying = changed["Notifying"]?.bool, disconnection == nil,
+                tree.device(at: devicePath)?.connected == true
+            {
+                session.notifyingChanged(notifying)
+            }
+        case .interfacesRemoved(let p, let names, _) where names.contains(BlueZName.characteristic):
+            guard let session = state.withLock({ $0.sessions[p] }) else { return }
+            session.endWhileConnected("the characteristic left BlueZ's object tree (Service Changed)")
         case .interfacesRemoved(let p, let names, _) where p == devicePath && names.contains(BlueZName.device):
             finish(BlueZDisconnectReason(kind: .deviceRemoved, message: "the device left BlueZ's object tree"))
         case .daemonLost:
@@ -215,8 +246,8 @@ public final class BlueZPeripheral: Sendable {
             s.disconnection = reason
             let sessions = Array(s.sessions.values)
             s.sessions = [:]
-            let waiters = s.waiters
-            s.waiters = []
+            let waiters = Array(s.waiters.values)
+            s.waiters = [:]
             defer { s.subscription = nil }
             return (s.connected, sessions, waiters, s.subscription)
         }
@@ -241,6 +272,7 @@ public final class BlueZPeripheral: Sendable {
         var retries = 0
         let log = client.logger.with(["ble.address": label.address])
         while true {
+            if Task.isCancelled { throw await cancelled(log) }
             guard let device = client.tree.device(at: devicePath) else {
                 throw .deviceNotFound(device: label, failure: nil)
             }
@@ -252,6 +284,7 @@ public final class BlueZPeripheral: Sendable {
                         destination: BlueZName.service, path: path, interface: BlueZName.device, method: "Connect",
                         timeout: max(deadline.remaining, .milliseconds(1)))
                 } catch {
+                    if error.name == DBusError.cancelled || Task.isCancelled { throw await cancelled(log) }
                     // The device left BlueZ's tree while Connect() was pending (a broadcaster dropped when scanning
                     // stopped, an expired device): `finish` closed our connection, so the call failed with
                     // Disconnected. Whatever the failure, a device that is gone is "not found".
@@ -317,9 +350,11 @@ public final class BlueZPeripheral: Sendable {
                 }
                 if cameBack == true { outcome = .resolved }
             }
+            if Task.isCancelled { throw await cancelled(log) }
             switch outcome {
             case .resolved:
                 await settleServices(deadline)
+                if Task.isCancelled { throw await cancelled(log) }
                 state.withLock { $0.connected = true }
                 if let d = client.tree.device(at: devicePath), !d.connected {
                     // Dropped between the wait and now.
@@ -398,9 +433,20 @@ public final class BlueZPeripheral: Sendable {
     private func cancelConnect(_ log: BlueZLogger) async {
         log.debug("device \(label): cancelling the pending connect (Disconnect)")
         state.withLock { $0.disconnectRequested = true }
-        _ = try? await connection.call(
-            destination: BlueZName.service, path: path, interface: BlueZName.device, method: "Disconnect",
-            timeout: .seconds(5))
+        // In a task of its own: when the connect was cancelled, a call from the cancelled task would be cancelled
+        // before it went out, and BlueZ would keep the Connect() pending (answering InProgress to the next one).
+        let (connection, path) = (self.connection, self.path)
+        await Task {
+            _ = try? await connection.call(
+                destination: BlueZName.service, path: path, interface: BlueZName.device, method: "Disconnect",
+                timeout: .seconds(5))
+        }.value
+    }
+
+    /// The connect was cancelled by its caller: cancel it on BlueZ too and say so (not a connection failure).
+    private func cancelled(_ log: BlueZLogger) async -> BlueZError {
+        await cancelConnect(log)
+        return .cancelled(operation: "device \(label): connect")
     }
 
     /// Disconnects on purpose: stops notifications (StopNotify, closing acquired sockets), calls

@@ -37,6 +37,9 @@ extension BlueZSimulator {
                     "PushNotification", in: "ssay", argumentNames: ["address", "uuid", "value"],
                     handler: onQueue { $0.pushNotification($1) }),
                 DBusMethodSpec(
+                    "EndNotify", in: "ss", argumentNames: ["address", "uuid"],
+                    handler: onQueue { $0.endNotify($1) }),
+                DBusMethodSpec(
                     "SetNotificationRate", in: "ssd", argumentNames: ["address", "uuid", "hz"],
                     handler: onQueue { $0.setNotificationRate($1) }),
                 DBusMethodSpec(
@@ -183,6 +186,20 @@ extension BlueZSimulator {
         guard d.isConnected else { return call.reply.fail(Self.notConnectedFailed) }
         c.stored = value
         notify(d, c, value)
+        call.reply.succeed()
+    }
+
+    /// bluetoothd ends every notification subscription of a characteristic while the link stays up (another
+    /// client's StopNotify on an acquired characteristic, Service Changed): the AcquireNotify socket is closed
+    /// (`NotifyAcquired` false) and the StartNotify sessions are dropped (`Notifying` false).
+    func endNotify(_ call: DBusMethodCall) {
+        guard let (d, c) = controlCharacteristic(call) else { return }
+        guard c.notifySocket != nil || !c.sessions.isEmpty else {
+            return call.reply.fail(Self.bluezError("Failed", "No notify session started"))
+        }
+        count("notify_ended")
+        if c.notifySocket != nil { releaseNotifySocket(d, c) }
+        for sender in c.sessions { removeNotifySession(d, c, sender) }
         call.reply.succeed()
     }
 
