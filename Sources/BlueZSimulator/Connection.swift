@@ -80,10 +80,26 @@ extension BlueZSimulator {
                 return
             }
             self.count("connects")
-            reply.succeed()
-            self.after(d.spec.servicesDelay) { [weak self] in
-                guard let self, d.linkGeneration == generation, d.isConnected else { return }
-                self.resolveServices(d, early: early != nil)
+            // A reconnect with the GATT cache (bluetoothd skips discovery) may resolve services before replying.
+            let order = d.gattExported && early == nil ? d.spec.servicesResolved : .afterReply
+            switch order {
+            case .withConnected, .beforeReply:
+                if order == .beforeReply { server.flush() }
+                self.resolveServices(d, early: false)
+                server.flush()
+                self.after(d.spec.servicesDelay) { [weak self] in
+                    guard self != nil else { return }
+                    guard d.linkGeneration == generation, d.isConnected else {
+                        return reply.fail(Self.bluezError("Failed", "br-connection-canceled"))
+                    }
+                    reply.succeed()
+                }
+            case .afterReply, .kept:
+                reply.succeed()
+                self.after(d.spec.servicesDelay) { [weak self] in
+                    guard let self, d.linkGeneration == generation, d.isConnected else { return }
+                    self.resolveServices(d, early: early != nil)
+                }
             }
         }
     }
@@ -171,7 +187,7 @@ extension BlueZSimulator {
             if c.writeSocket != nil { releaseWriteSocket(d, c) }
         }
         let iface = "org.bluez.Device1"
-        if d.servicesResolved {
+        if d.servicesResolved, d.spec.servicesResolved != .kept {
             server.setProperty(at: d.path, interface: iface, "ServicesResolved", .boolean(false))
         }
         d.servicesResolved = false

@@ -229,6 +229,66 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
         #expect(!rec.all.dropFirst(mark).contains { $0.member == "InterfacesAdded" })
     }
 
+    @Test(arguments: ["after-reply", "with-connected", "before-reply", "kept"])
+    func servicesResolvedOrderOnACachedReconnect(order: String) async throws {
+        let sim = try await SimulatorFixture.start(
+            scenario: """
+                peripherals:
+                  - address: "C0:FF:EE:00:00:09"
+                    services_resolved: \(order)
+                    delays: {connect: 0.01, services: 0.05, disconnect: 0.01}
+                    gatt:
+                      - uuid: "180D"
+                        characteristics:
+                          - {uuid: "2A38", flags: [read], value: "01"}
+                """)
+        defer { sim.stopInBackground() }
+        let path: DBusObjectPath = "/org/bluez/hci0/dev_C0_FF_EE_00_00_09"
+        let c = try Client(sim)
+        try await c.discover(path)
+        try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StopDiscovery")
+        try await c.call(path, "org.bluez.Device1", "Connect")
+        try await c.waitResolved(path)
+        let rec = try await SignalRecorder(c.connection)
+        try await c.call(path, "org.bluez.Device1", "Disconnect")
+        try await rec.wait("disconnected") {
+            $0.contains { SignalRecorder.describe($0) == "PC \(path.rawValue) {Connected}" }
+        }
+        let mark = rec.all.count
+        let reply = try await c.connection.call(
+            .methodCall(destination: "org.bluez", path: path, interface: "org.bluez.Device1", method: "Connect"))
+        try await rec.wait("connected again") {
+            $0.dropFirst(mark).contains {
+                SignalRecorder.describe($0).hasPrefix("PC \(path.rawValue) {")
+                    && SignalRecorder.describe($0).contains("Connected")
+            }
+        }
+        if order == "after-reply" { try await c.waitResolved(path) }
+        let device = rec.all.filter { $0.path == path && $0.member == "PropertiesChanged" }
+        let keys = { (m: DBusMessage) -> Set<String> in
+            Set((m.body.count > 1 ? m.body[1].dictionaryEntries ?? [] : []).compactMap(\.key.string))
+        }
+        let before = device.filter { $0.serial < rec.all[mark].serial }
+        let after = device.filter { $0.serial >= rec.all[mark].serial }
+        let connected = try #require(after.first { keys($0).contains("Connected") })
+        let resolved = after.first { keys($0).contains("ServicesResolved") }
+        switch order {
+        case "after-reply":
+            #expect(connected.serial < reply.serial)
+            #expect(try #require(resolved).serial > reply.serial)
+        case "with-connected":
+            #expect(resolved?.serial == connected.serial)
+            #expect(connected.serial < reply.serial)
+        case "before-reply":
+            #expect(connected.serial < (resolved?.serial ?? 0))
+            #expect((resolved?.serial ?? .max) < reply.serial)
+        default:  // kept: ServicesResolved stays true, only Connected toggles
+            #expect(!before.contains { keys($0).contains("ServicesResolved") })
+            #expect(resolved == nil)
+            #expect(await c.property(path, "org.bluez.Device1", "ServicesResolved")?.bool == true)
+        }
+    }
+
     @Test func notifySessionsArePerSenderAndDroppedWhenTheSenderLeaves() async throws {
         let sim = try await demoFixture()
         defer { sim.stopInBackground() }
