@@ -23,6 +23,10 @@ public struct BlueZDisconnectReason: Sendable, Hashable, CustomStringConvertible
         case bluetoothdStopped
         /// The device left BlueZ's tree.
         case deviceRemoved
+        /// The adapter the device was connected through was removed (unplugged, reset).
+        case adapterRemoved
+        /// The connection to the system bus was lost (dbus-daemon stopped or restarted).
+        case busLost
     }
 
     /// The cause.
@@ -229,11 +233,40 @@ public final class BlueZPeripheral: Sendable {
             guard let session = state.withLock({ $0.sessions[p] }) else { return }
             session.endWhileConnected("the characteristic left BlueZ's object tree (Service Changed)")
         case .interfacesRemoved(let p, let names, _) where p == devicePath && names.contains(BlueZName.device):
-            finish(BlueZDisconnectReason(kind: .deviceRemoved, message: "the device left BlueZ's object tree"))
-        case .daemonLost:
-            finish(BlueZDisconnectReason(kind: .bluetoothdStopped, message: "bluetoothd left the bus"))
+            deviceRemoved()
+        case .interfacesRemoved(let p, let names, _) where p == adapterPath && names.contains(BlueZName.adapter):
+            finish(adapterGone)
+        case .daemonLost(_, let busLost):
+            if busLost {
+                finish(BlueZDisconnectReason(kind: .busLost, message: "the connection to the system bus was lost"))
+            } else {
+                finish(BlueZDisconnectReason(kind: .bluetoothdStopped, message: "bluetoothd left the bus"))
+            }
         default:
             return
+        }
+    }
+
+    private var adapterGone: BlueZDisconnectReason {
+        let name = adapterPath.split(separator: "/").last.map(String.init) ?? adapterPath
+        return BlueZDisconnectReason(kind: .adapterRemoved, message: "adapter \(name) removed")
+    }
+
+    /// The device left the tree. When its adapter is going away, bluetoothd removes the devices first and the
+    /// adapter right after: give the adapter's removal a moment to arrive, so the reason names the real cause.
+    private func deviceRemoved() {
+        let client = self.client
+        let adapterPath = self.adapterPath
+        Task { [weak self] in
+            let adapterGone = await client.wait(timeout: .milliseconds(250)) { _, tree in
+                tree.adapter(at: adapterPath) == nil ? true : nil
+            }
+            guard let self else { return }
+            if adapterGone == true {
+                self.finish(self.adapterGone)
+            } else {
+                self.finish(BlueZDisconnectReason(kind: .deviceRemoved, message: "the device left BlueZ's object tree"))
+            }
         }
     }
 
