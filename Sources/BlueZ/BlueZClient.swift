@@ -1,7 +1,6 @@
 // The client: one D-Bus connection that mirrors bluetoothd's object tree and follows bluetoothd across restarts.
 // Discovery sessions and peripherals (one D-Bus connection each) route their events through this mirror.
 import DBus
-import Dispatch
 import Synchronization
 
 /// Something that happened to bluetoothd or an adapter.
@@ -75,10 +74,29 @@ public final class BlueZClient: Sendable {
     /// Opens a connection on a thread of its own: the handshake (`Hello`) blocks, and the cooperative pool has
     /// few threads to spare.
     static func openConnectionOffPool(_ bus: BlueZBus) async throws(BlueZError) -> DBusConnection {
-        let result: Result<DBusConnection, BlueZError> = await offPool {
-            do throws(BlueZError) { return .success(try openConnection(bus)) } catch { return .failure(error) }
+        do {
+            switch bus {
+            case .system: return try await DBusConnection.open(.system)
+            case .address(let a): return try await DBusConnection.open(.address(a))
+            }
+        } catch {
+            throw .busUnavailable(BlueZDBusFailure(error))
         }
-        return try result.get()
+    }
+
+    /// Creates a client like `init(bus:logger:)`, opening its D-Bus connection on a thread of its own instead of
+    /// blocking the calling task's thread while the bus answers.
+    /// - Throws: `BlueZError.busUnavailable` when the bus cannot be reached.
+    public static func open(bus: BlueZBus = .system, logger: BlueZLogger = .disabled) async throws(BlueZError)
+        -> BlueZClient
+    {
+        BlueZClient(bus: bus, logger: logger, connection: try await openConnectionOffPool(bus))
+    }
+
+    private init(bus: BlueZBus, logger: BlueZLogger, connection: DBusConnection) {
+        self.bus = bus
+        self.logger = logger
+        core = Mutex(Core(connection: connection))
     }
 
     deinit {
@@ -196,7 +214,7 @@ public final class BlueZClient: Sendable {
             core.busLost = false
             return (old, Array(core.subscribers.values))
         }
-        old.close()
+        Task { await old.closeAndWait() }
         logger.info("reconnected to the D-Bus system bus as \(connection.uniqueName)")
         let tree = self.tree
         for h in handlers { h(.busRestored, tree) }
@@ -448,13 +466,6 @@ struct Backoff: Sendable {
     mutating func reset() { next = .milliseconds(100) }
 }
 
-/// Runs `body` on a Dispatch thread (not the cooperative pool) and awaits its result.
-func offPool<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
-    await withCheckedContinuation { (c: CheckedContinuation<T, Never>) in
-        DispatchQueue.global().async { c.resume(returning: body()) }
-    }
-}
-
 /// The client's pump: watches the owner of org.bluez on the current bus connection, follows each owner (match
 /// rule, then GetManagedObjects, then signals in order), and when the bus connection dies reports it and opens a
 /// new one with backoff. Every retry goes on until the client is closed or dropped.
@@ -482,7 +493,7 @@ enum BlueZClientPump {
                 do {
                     let fresh = try await BlueZClient.openConnectionOffPool(bus)
                     guard let client = box.value, !client.isClosed, !Task.isCancelled else {
-                        fresh.close()
+                        await fresh.closeAndWait()
                         return
                     }
                     client.busRestored(fresh)

@@ -263,7 +263,7 @@ public final class BlueZDiscovery: Sendable {
             try await startOnBlueZ()
         } catch {
             client.unsubscribe(id)
-            connection.close()
+            await connection.closeAndWait()
             continuation.finish()
             throw error
         }
@@ -406,7 +406,7 @@ public final class BlueZDiscovery: Sendable {
         if let sub { client.unsubscribe(sub) }
         if bound, client.isBluetoothdRunning { await stopOnBlueZ() }
         continuation.finish()
-        connection.close()
+        await connection.closeAndWait()
     }
 
     /// Ends the discovery on its own (bus lost, adapter removed): what `stop()` does, without calls to BlueZ.
@@ -424,7 +424,8 @@ public final class BlueZDiscovery: Sendable {
         restarting?.cancel()
         if let sub { client.unsubscribe(sub) }
         continuation.finish()
-        connection.close()
+        let connection = self.connection
+        Task { await connection.closeAndWait() }
     }
 
     /// Restarts scanning on BlueZ (after a bluetoothd restart, a rebind, or when the watchdog finds it stopped).

@@ -296,7 +296,9 @@ public final class BlueZPeripheral: Sendable {
                 client.logger.warning("device \(label): connection lost (\(final))", ["ble.address": label.address])
             }
         }
-        connection.close()
+        // Joining the connection's thread blocks: do it off this (often cooperative) thread.
+        let connection = self.connection
+        Task { await connection.closeAndWait() }
     }
 
     /// Connects, retrying and waiting as BLUEZ.md describes, until services are resolved.
@@ -712,7 +714,7 @@ extension BlueZClient {
     public func connect(_ device: BlueZDevice, options: BlueZConnectOptions = BlueZConnectOptions())
         async throws(BlueZError) -> BlueZPeripheral
     {
-        let connection = try Self.openConnection(bus)
+        let connection = try await Self.openConnectionOffPool(bus)
         let peripheral = BlueZPeripheral(client: self, device: device, connection: connection)
         peripheral.startTracking()
         do {
