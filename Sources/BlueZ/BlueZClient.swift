@@ -383,6 +383,7 @@ public final class BlueZClient: Sendable {
         {
             return adapter
         }
+        if Task.isCancelled { throw .cancelled(operation: "waiting for adapter \(selector)") }
         throw unavailable(selector)
     }
 

@@ -139,7 +139,17 @@ public final class BlueZPeripheral: Sendable {
     }
 
     deinit {
-        if let id = state.withLock({ $0.subscription }) { client.unsubscribe(id) }
+        let (subscription, live) = state.withLock { ($0.subscription, $0.connected && $0.disconnection == nil) }
+        if let subscription { client.unsubscribe(subscription) }
+        if live {
+            // Dropped while connected, without disconnect(): the link must not outlive its owner. Nobody is left to
+            // wait for the answer, so the Disconnect goes out without one.
+            var message = DBusMessage.methodCall(
+                destination: BlueZName.service, path: DBusObjectPath(stringLiteral: devicePath),
+                interface: BlueZName.device, method: "Disconnect")
+            message.noReplyExpected = true
+            try? connection.send(message)
+        }
         connection.close()
     }
 

@@ -219,6 +219,27 @@ final class EventLog: Sendable {
         #expect(t.client.core.withLock { $0.subscribers.count } == 0)
     }
 
+    @Test func droppedPeripheralIsFreedAndItsConnectionClosed() async throws {
+        let t = try await SimClient()
+        weak var weakPeripheral: BlueZPeripheral?
+        var batteryPath = ""
+        do {
+            let p = try await t.connect()
+            let battery = try p.characteristic("2A19")
+            batteryPath = battery.path
+            _ = try await p.notifications(for: battery, preferAcquire: false)
+            try await eventually(5, "Notifying") { p.refreshed(battery)?.notifying == true }
+            weakPeripheral = p
+        }
+        try await eventually(5, "the peripheral freed") { weakPeripheral == nil }
+        // Its D-Bus connection closed with it, so BlueZ dropped its notify session.
+        let path = batteryPath
+        try await eventually(5, "Notifying false") { t.client.tree.characteristic(at: path)?.notifying == false }
+        // ...and the link it left up was disconnected.
+        try await eventually(5, "disconnected") { t.client.device(address: strap)?.connected == false }
+        #expect(t.client.core.withLock { $0.subscribers.count } == 0)
+    }
+
     @Test func droppedClientIsFreed() async throws {
         let sim = try await SimulatorFixture.start(scenario: testScenario)
         defer { sim.stopInBackground() }
