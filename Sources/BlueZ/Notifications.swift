@@ -135,16 +135,24 @@ final class NotifySession: Sendable {
             return s.source
         }
         source?.cancel()
+        // The socket closes just before Connected=false on a disconnect: give the disconnect a moment to be told.
+        endUnlessDisconnecting(
+            "bluetoothd closed the notification socket while the device stayed connected (another client's "
+                + "StopNotify, Service Changed, or the peripheral's own doing)", grace: .seconds(1))
+    }
+
+    /// Ends the stream because BlueZ stopped this subscription, unless the connection ends within `grace`: then it
+    /// ends with that disconnection (a disconnect, or an adapter going away, also closes sockets and removes
+    /// objects, a moment before it is told). The wait is cancellable, so the cap really ends the group.
+    func endUnlessDisconnecting(_ reason: String, grace: Duration) {
         Task { [weak self] in
-            // The socket closes just before Connected=false on a disconnect: give the disconnect a moment to be
-            // told why. The wait is cancellable, so the one-second cap really ends the group.
             let peripheral = self?.peripheral
-            var reason = peripheral?.disconnection
-            if reason == nil, let p = peripheral {
-                reason = await withTaskGroup(of: BlueZDisconnectReason?.self) { group in
+            var ended = peripheral?.disconnection
+            if ended == nil, let p = peripheral {
+                ended = await withTaskGroup(of: BlueZDisconnectReason?.self) { group in
                     group.addTask { await p.disconnectionUnlessCancelled() }
                     group.addTask {
-                        try? await Task.sleep(for: .seconds(1))
+                        try? await Task.sleep(for: grace)
                         return nil
                     }
                     let first = await group.next() ?? nil
@@ -154,12 +162,10 @@ final class NotifySession: Sendable {
             }
             guard let self else { return }
             self.peripheral?.unregister(self)
-            if let reason {
-                self.end(.disconnected(device: self.label, reason: reason))
+            if let ended {
+                self.end(.disconnected(device: self.label, reason: ended))
             } else {
-                self.endWhileConnected(
-                    "bluetoothd closed the notification socket while the device stayed connected (another client's "
-                        + "StopNotify, Service Changed, or the peripheral's own doing)")
+                self.endWhileConnected(reason)
             }
         }
     }

@@ -241,7 +241,8 @@ public final class BlueZPeripheral: Sendable {
             }
         case .interfacesRemoved(let p, let names, _) where names.contains(BlueZName.characteristic):
             guard let session = state.withLock({ $0.sessions[p] }) else { return }
-            session.endWhileConnected("the characteristic left BlueZ's object tree (Service Changed)")
+            session.endUnlessDisconnecting(
+                "the characteristic left BlueZ's object tree (Service Changed)", grace: .milliseconds(500))
         case .interfacesRemoved(let p, let names, _) where p == devicePath && names.contains(BlueZName.device):
             deviceRemoved()
         case .interfacesRemoved(let p, let names, _) where p == adapterPath && names.contains(BlueZName.adapter):

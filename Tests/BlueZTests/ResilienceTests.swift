@@ -88,6 +88,8 @@ final class EventLog: Sendable {
     @Test func removedAdapterEndsPeripheralsAndFixedDiscoveries() async throws {
         let t = try await SimClient()
         let p = try await t.connect()
+        let acquired = try await p.notifications(for: try p.characteristic("2A37"))
+        let started = try await p.notifications(for: try p.characteristic("2A19"), preferAcquire: false)
         let events = t.client.events()
         let discovery = try await t.client.startDiscovery(
             on: try await t.adapter, filter: BlueZDiscoveryFilter(watchdogInterval: nil))
@@ -98,6 +100,18 @@ final class EventLog: Sendable {
         #expect(reason.kind == .adapterRemoved)
         #expect(reason.message == "adapter hci0 removed")
         #expect(reason.isLinkLoss)
+        // Both notification streams end with the disconnection, not as a subscription BlueZ dropped.
+        for stream in [acquired, started] {
+            let ended = try await within(5, "a notification stream to end") { () async -> BlueZError? in
+                var it = stream.makeAsyncIterator()
+                return await streamEnd(&it)
+            }
+            guard case .disconnected(_, let r)? = ended else {
+                Issue.record("expected disconnected, got \(String(describing: ended))")
+                continue
+            }
+            #expect(r.kind == .adapterRemoved)
+        }
         try await eventually(5, "the discovery to end") { log.isEnded }
         #expect(log.story(beacon).last == "lost")
         #expect(discovery.endReason == .adapterUnavailable(adapter: "hci0", reason: "adapter removed"))
