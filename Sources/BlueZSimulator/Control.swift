@@ -40,6 +40,9 @@ extension BlueZSimulator {
                     "EndNotify", in: "ss", argumentNames: ["address", "uuid"],
                     handler: onQueue { $0.endNotify($1) }),
                 DBusMethodSpec(
+                    "ServiceChanged", in: "s", argumentNames: ["address"],
+                    handler: onQueue { $0.serviceChanged($1) }),
+                DBusMethodSpec(
                     "SetNotificationRate", in: "ssd", argumentNames: ["address", "uuid", "hz"],
                     handler: onQueue { $0.setNotificationRate($1) }),
                 DBusMethodSpec(
@@ -210,6 +213,27 @@ extension BlueZSimulator {
         if c.notifySocket != nil { releaseNotifySocket(d, c) }
         for sender in c.sessions { removeNotifySession(d, c, sender) }
         call.reply.succeed()
+    }
+
+    /// A Service Changed indication from the connected peripheral covering its whole database: bluetoothd drops
+    /// the notify subscriptions and removes every service object, then exports the database again ~50 ms later.
+    func serviceChanged(_ call: DBusMethodCall) {
+        guard let d = controlDevice(call) else { return }
+        guard d.isConnected, d.gattExported else { return call.reply.fail(Self.notConnectedFailed) }
+        count("service_changes")
+        for c in d.characteristics {
+            c.timer?.cancel()
+            c.timer = nil
+            if c.notifySocket != nil { releaseNotifySocket(d, c) }
+            c.sessions = []
+        }
+        unexportGATT(d)
+        call.reply.succeed()
+        let generation = d.linkGeneration
+        after(0.05) { [weak self] in
+            guard let self, d.linkGeneration == generation, d.isConnected else { return }
+            self.exportGATT(d)
+        }
     }
 
     func setNotificationRate(_ call: DBusMethodCall) {

@@ -105,6 +105,35 @@ func streamEnd(_ iterator: inout BlueZNotifications.AsyncIterator) async -> Blue
         await p.disconnect()
     }
 
+    @Test func serviceChangedEndsTheStreamAndResubscribes() async throws {
+        let t = try await SimClient()
+        let p = try await t.connect()
+        let battery = try p.characteristic("2A19")
+        let values = try await p.notifications(for: battery, preferAcquire: false)
+        try await eventually(10, "Notifying") { p.refreshed(battery)?.notifying == true }
+        try await t.simulator("ServiceChanged", [.string(strap)])
+        let ended = try await within(5, "the stream to end") { () async -> BlueZError? in
+            var it = values.makeAsyncIterator()
+            return await streamEnd(&it)
+        }
+        guard case .notificationsEnded(_, "2A19", let reason)? = ended else {
+            Issue.record("expected notificationsEnded, got \(String(describing: ended))")
+            return
+        }
+        #expect(reason.contains("Service Changed"))
+        #expect(p.isConnected)
+        try await eventually(5, "the services back") { p.refreshed(battery) != nil }
+        let again = try await p.notifications(for: try p.characteristic("2A19"), preferAcquire: false)
+        try await eventually(10, "Notifying again") { p.refreshed(battery)?.notifying == true }
+        try await t.simulator("PushNotification", [.string(strap), .string("2A19"), .bytes([0x43])])
+        let next = try await within(5, "a notification after re-subscribing") {
+            var it = again.makeAsyncIterator()
+            return try await it.next()
+        }
+        #expect(next == [0x43])
+        await p.disconnect()
+    }
+
     @Test func cancelledConnectIsCancelledNotAFailure() async throws {
         let t = try await SimClient()
         let device = try await t.discover(strap)
