@@ -323,6 +323,7 @@ public final class BlueZPeripheral: Sendable {
                 throw .deviceNotFound(device: label, failure: nil)
             }
             if !(device.connected && device.servicesResolved) {
+                var linkUp = false
                 state.withLock { $0.sawConnected = nil }
                 log.debug("device \(label): Connect()")
                 do {
@@ -353,7 +354,12 @@ public final class BlueZPeripheral: Sendable {
                     case "org.bluez.Error.InProgress":
                         if deadline.expired { break }
                         log.debug("device \(label): Connect() in progress elsewhere; retrying")
-                        await nap(.milliseconds(100))
+                        // Another client's connect may resolve services meanwhile: then the loop takes it as is.
+                        let path = devicePath
+                        _ = await client.wait(timeout: .milliseconds(100)) { _, tree -> Bool? in
+                            guard let d = tree.device(at: path) else { return true }
+                            return d.connected && d.servicesResolved ? true : nil
+                        }
                         continue
                     case DBusError.noReply, DBusError.timedOut:
                         await cancelConnect(log)
@@ -362,14 +368,22 @@ public final class BlueZPeripheral: Sendable {
                         throw .adapterUnavailable(
                             adapter: adapterPath.split(separator: "/").last.map(String.init) ?? adapterPath,
                             reason: "powered off (\(error.message))")
+                    case "org.bluez.Error.AlreadyConnected",
+                        "org.bluez.Error.Failed" where error.message == "le-connection-already-connected":
+                        // The link is up already (another client, or a connection the controller kept): what is
+                        // left is the same wait for ServicesResolved, which may well be true by now.
+                        log.debug("device \(label): Connect(): \(BlueZDBusFailure(error)); waiting for services")
+                        linkUp = true
                     default:
                         break
                     }
-                    if deadline.expired {
-                        await cancelConnect(log)
-                        throw .timeout(device: label, operation: "connect", seconds: deadline.total.seconds)
+                    if !linkUp {
+                        if deadline.expired {
+                            await cancelConnect(log)
+                            throw .timeout(device: label, operation: "connect", seconds: deadline.total.seconds)
+                        }
+                        throw .connectionFailed(device: label, reason: error.message, failure: .init(error))
                     }
-                    throw .connectionFailed(device: label, reason: error.message, failure: .init(error))
                 }
             }
             // Connect() returns before service discovery on LE: wait for ServicesResolved, or a drop.

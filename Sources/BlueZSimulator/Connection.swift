@@ -50,7 +50,16 @@ extension BlueZSimulator {
         }
         let abort = takeFault(d, [.abortByLocal])
         let early = takeFault(d, [.servicesResolvedEarly])
-        if abort != nil || early != nil { count("faults_fired") }
+        let already = takeFault(d, [.alreadyConnected])
+        if abort != nil || early != nil || already != nil { count("faults_fired") }
+        // The reply to a Connect() that brings the link up.
+        let answer: @Sendable (DBusPendingReply) -> Void = { reply in
+            if already != nil {
+                reply.fail(Self.bluezError("Failed", "le-connection-already-connected"))
+            } else {
+                reply.succeed()
+            }
+        }
         guard d.spec.connectable else {
             after(max(d.spec.connectDelay, 0.2)) { [weak self] in
                 guard let self, d.linkGeneration == generation, case .connecting(let reply, _) = d.link else { return }
@@ -92,10 +101,10 @@ extension BlueZSimulator {
                     guard d.linkGeneration == generation, d.isConnected else {
                         return reply.fail(Self.bluezError("Failed", "br-connection-canceled"))
                     }
-                    reply.succeed()
+                    answer(reply)
                 }
             case .afterReply, .kept:
-                reply.succeed()
+                answer(reply)
                 self.after(d.spec.servicesDelay) { [weak self] in
                     guard let self, d.linkGeneration == generation, d.isConnected else { return }
                     self.resolveServices(d, early: early != nil)

@@ -62,4 +62,16 @@ import Testing
         #expect(p.services().count == 3)
         await p.disconnect()
     }
+
+    @Test(arguments: ["after-reply", "before-reply"])
+    func alreadyConnectedAnswerStillWaitsForServices(order: String) async throws {
+        let t = try await SimClient(Self.scenario(order))
+        let first = try await t.connect(strap, timeout: .seconds(5))
+        await first.disconnect()
+        try await t.fault(strap, "connect-already-connected")
+        let p = try await t.client.connect(address: strap, options: BlueZConnectOptions(timeout: .seconds(3)))
+        #expect(p.isConnected)
+        #expect(p.services().count == 3)
+        await p.disconnect()
+    }
 }
