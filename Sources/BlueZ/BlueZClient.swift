@@ -145,6 +145,9 @@ public final class BlueZClient: Sendable {
     /// True while bluetoothd owns `org.bluez` and the mirror is loaded.
     public var isBluetoothdRunning: Bool { core.withLock { $0.owner != nil && $0.loaded } }
 
+    /// False from losing the system bus connection (`BlueZClientEvent.busLost`) until a new one is open.
+    public var isBusConnected: Bool { core.withLock { !$0.busLost && !$0.closed } }
+
     // MARK: the pump (see BlueZClientPump)
 
     /// bluetoothd (`owner`) owns org.bluez now; its tree is loaded by the follower.

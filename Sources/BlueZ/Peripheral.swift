@@ -127,6 +127,8 @@ public final class BlueZPeripheral: Sendable {
         var sessions: [String: NotifySession] = [:]
         var waiters: [ObjectIdentifier: OneShot<BlueZDisconnectReason>] = [:]
         var negotiatedMTU: Int?
+        /// This peripheral called Device1.Connect (so a cancelled connect takes the link down again).
+        var connectIssued = false
     }
     let state = Mutex(State())
 
@@ -324,7 +326,10 @@ public final class BlueZPeripheral: Sendable {
             }
             if !(device.connected && device.servicesResolved) {
                 var linkUp = false
-                state.withLock { $0.sawConnected = nil }
+                state.withLock {
+                    $0.sawConnected = nil
+                    $0.connectIssued = true
+                }
                 log.debug("device \(label): Connect()")
                 do {
                     _ = try await connection.call(
@@ -505,7 +510,8 @@ public final class BlueZPeripheral: Sendable {
 
     /// The connect was cancelled by its caller: cancel it on BlueZ too and say so (not a connection failure).
     private func cancelled(_ log: BlueZLogger) async -> BlueZError {
-        await cancelConnect(log)
+        // Only a link this attempt asked for is taken down (not one another client holds).
+        if state.withLock({ $0.connectIssued }) { await cancelConnect(log) }
         return .cancelled(operation: "device \(label): connect")
     }
 

@@ -194,6 +194,7 @@ final class EventLog: Sendable {
             return
         }
         #expect(!t.client.isBluetoothdRunning)
+        #expect(!t.client.isBusConnected)
         #expect(t.client.adapters.isEmpty)
         // The bus and bluetoothd come back: the client reconnects on its own.
         let daemon = try await t.sim.bus.relaunchDaemon()
@@ -212,6 +213,7 @@ final class EventLog: Sendable {
         #expect(sequence.contains(.busRestored))
         #expect(sequence.last == .bluetoothdStarted)
         #expect(t.client.isBluetoothdRunning)
+        #expect(t.client.isBusConnected)
         let again = try await t.connect()
         #expect(again.isConnected)
         await again.disconnect()
