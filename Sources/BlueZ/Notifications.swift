@@ -172,6 +172,8 @@ final class NotifySession: Sendable {
 
     /// Ends the stream with `notificationsEnded`: BlueZ stopped this subscription while the link stayed up.
     func endWhileConnected(_ reason: String) {
+        // Already over (stopped by the consumer, or ended by the disconnection): nothing to report.
+        guard !state.withLock({ $0.ended }) else { return }
         peripheral?.unregister(self)
         let uuid = shortUUID(characteristic.uuid)
         peripheral?.client.logger.warning(
