@@ -417,8 +417,9 @@ public final class BlueZClient: Sendable {
                 interface: BlueZName.properties, method: "Set",
                 arguments: [.string(BlueZName.adapter), .string("Powered"), .variant(.boolean(powered))])
         } catch {
-            throw .failed(
-                device: nil, operation: "power \(powered ? "on" : "off") \(adapter.name)", failure: .init(error))
+            let operation = "power \(powered ? "on" : "off") \(adapter.name)"
+            if error.name == DBusError.cancelled { throw .cancelled(operation: operation) }
+            throw .failed(device: nil, operation: operation, failure: .init(error))
         }
     }
 
@@ -448,6 +449,7 @@ public final class BlueZClient: Sendable {
             if error.name == "org.bluez.Error.DoesNotExist" || error.name == DBusError.unknownObject {
                 throw .deviceNotFound(device: device.label, failure: .init(error))
             }
+            if error.name == DBusError.cancelled { throw .cancelled(operation: "device \(device.label): remove") }
             throw .failed(device: device.label, operation: "remove", failure: .init(error))
         }
     }
