@@ -191,9 +191,11 @@ public final class BlueZDiscovery: Sendable {
         /// False while the adapter is gone (waiting for a matching one when there is a selector).
         var bound = true
         var reported: [String: BlueZDevice] = [:]
-        /// Devices removed during our own restart: reported lost only if they stay away past `holdUntil`.
-        var held: [String: BlueZDevice] = [:]
-        var holdUntil: ContinuousClock.Instant?
+        /// Devices removed by our own restart, with the time they count as lost if they have not come back.
+        var held: [String: (device: BlueZDevice, until: ContinuousClock.Instant)] = [:]
+        /// When our last restart finished: removals signalled shortly after it still come from it (the signal
+        /// travels on the client's connection, the StopDiscovery reply on ours, unordered).
+        var restartEnded: ContinuousClock.Instant?
         var lastActivity = ContinuousClock.now
         var subscription: UInt64?
         var watchdog: Task<Void, Never>?
@@ -449,7 +451,7 @@ public final class BlueZDiscovery: Sendable {
         state.withLock {
             $0.restarting = nil
             $0.lastActivity = .now
-            if !$0.held.isEmpty { $0.holdUntil = .now + Self.restartGrace }
+            $0.restartEnded = .now
         }
     }
 
@@ -460,11 +462,12 @@ public final class BlueZDiscovery: Sendable {
     private func watchdogTick(interval: Duration, tick: Duration) {
         let (flush, silent, busy) = state.withLock { s -> ([BlueZDevice], Duration, Bool) in
             var flush: [BlueZDevice] = []
-            if let until = s.holdUntil, ContinuousClock.now >= until {
-                flush = s.held.values.sorted { $0.path < $1.path }
-                s.held = [:]
-                s.holdUntil = nil
+            let now = ContinuousClock.now
+            for (path, entry) in s.held where entry.until <= now {
+                flush.append(entry.device)
+                s.held[path] = nil
             }
+            flush.sort { $0.path < $1.path }
             return (flush, ContinuousClock.now - s.lastActivity, s.restarting != nil || !s.bound || s.stopped)
         }
         for d in flush { continuation.yield(.lost(d)) }
@@ -502,8 +505,9 @@ public final class BlueZDiscovery: Sendable {
             let lost = state.withLock { s -> BlueZDevice? in
                 guard let device = s.reported.removeValue(forKey: path) else { return nil }
                 // Our own StopDiscovery drops temporary devices: hold them until they come back or stay away.
-                if s.restarting != nil || s.holdUntil != nil {
-                    s.held[path] = device
+                let now = ContinuousClock.now
+                if s.restarting != nil || s.restartEnded.map({ now - $0 < .seconds(2) }) == true {
+                    s.held[path] = (device, now + Self.restartGrace)
                     return nil
                 }
                 return device
@@ -539,9 +543,8 @@ public final class BlueZDiscovery: Sendable {
             defer {
                 s.reported = [:]
                 s.held = [:]
-                s.holdUntil = nil
             }
-            return (Array(s.reported.values) + Array(s.held.values)).sorted { $0.path < $1.path }
+            return (Array(s.reported.values) + s.held.values.map(\.device)).sorted { $0.path < $1.path }
         }
         for d in lost { continuation.yield(.lost(d)) }
     }
@@ -587,7 +590,6 @@ public final class BlueZDiscovery: Sendable {
             if s.held.removeValue(forKey: device.path) != nil {
                 // Back after our own restart dropped it: not news.
                 s.reported[device.path] = device
-                if s.held.isEmpty { s.holdUntil = nil }
                 return .updated(device)
             }
             guard matches else { return nil }
