@@ -289,6 +289,39 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
         }
     }
 
+    @Test func removedAdapterTakesItsDevicesAlongAndComesBackUnderANewName() async throws {
+        let sim = try await demoFixture()
+        defer { sim.stopInBackground() }
+        let c = try Client(sim)
+        try await c.discover(hrPath)
+        try await c.call(hrPath, "org.bluez.Device1", "Connect")
+        try await c.waitResolved(hrPath)
+        let rec = try await SignalRecorder(c.connection)
+        try await c.control("RemoveAdapter", [.string("hci0")])
+        try await rec.wait("adapter removed") { $0.contains { SignalRecorder.describe($0) == "IR /org/bluez/hci0" } }
+        let removed = rec.all.map(SignalRecorder.describe).filter { $0.hasPrefix("IR ") }
+        // Children first: GATT objects, then the device, then the adapter last.
+        #expect(removed.last == "IR /org/bluez/hci0")
+        let device = try #require(removed.firstIndex(of: "IR \(hrPath.rawValue)"))
+        #expect(removed[..<device].allSatisfy { $0.hasPrefix("IR \(hrPath.rawValue)/") })
+        #expect(!(try await c.managedPaths()).contains { $0.hasPrefix("/org/bluez/hci0") })
+        #expect(await c.error("/org/bluez/hci0", "org.bluez.Adapter1", "StartDiscovery")?.name != nil)
+        let added = try await c.control("AddAdapter", [.string("{id: hci1, address: \"00:1A:7D:DA:71:13\"}")])
+        #expect(added.first?.objectPath == "/org/bluez/hci1")
+        #expect(
+            await c.error(
+                "/org/bluez/sim", "io.blebridge.Simulator1", "AddAdapter",
+                [.string("{id: hci1, address: \"00:1A:7D:DA:71:14\"}")])?.name == "org.bluez.Error.AlreadyExists")
+        // The peripherals moved to hci1 with the controller.
+        let moved: DBusObjectPath = "/org/bluez/hci1/dev_A0_9E_1A_4F_2C_11"
+        try await c.call("/org/bluez/hci1", "org.bluez.Adapter1", "StartDiscovery")
+        try await waitUntil(timeout: 3) { await c.property(moved, "org.bluez.Device1", "Address") != nil }
+        #expect(await c.property(moved, "org.bluez.Device1", "Adapter") == .objectPath("/org/bluez/hci1"))
+        let counters = try await c.control("GetCounters").first?.stringVariantDictionary ?? [:]
+        #expect(counters["adapters_removed"]?.int64 == 1)
+        #expect(counters["adapters_added"]?.int64 == 1)
+    }
+
     @Test func notifySessionsArePerSenderAndDroppedWhenTheSenderLeaves() async throws {
         let sim = try await demoFixture()
         defer { sim.stopInBackground() }
