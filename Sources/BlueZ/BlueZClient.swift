@@ -9,6 +9,11 @@ public enum BlueZClientEvent: Sendable, Hashable {
     case bluetoothdStarted
     /// bluetoothd left the bus; every device counts as disconnected.
     case bluetoothdStopped
+    /// The connection to the system bus itself was lost (dbus-daemon stopped or restarted): every device counts as
+    /// disconnected and every discovery ended. The client reconnects with backoff for as long as it runs.
+    case busLost(reason: String)
+    /// The bus connection is back after `busLost`; `bluetoothdStarted` follows once bluetoothd is there.
+    case busRestored
     /// An adapter appeared.
     case adapterAdded(BlueZAdapter)
     /// An adapter disappeared.
@@ -27,7 +32,8 @@ public final class BlueZClient: Sendable {
     public let bus: BlueZBus
     /// The logger given at creation.
     public let logger: BlueZLogger
-    let connection: DBusConnection
+    /// The client's current bus connection (replaced when the bus comes back after being lost).
+    var connection: DBusConnection { core.withLock { $0.connection } }
 
     struct Core: Sendable {
         var tree = BlueZObjectTree()
@@ -40,15 +46,18 @@ public final class BlueZClient: Sendable {
         var nextID: UInt64 = 0
         var pump: Task<Void, Never>?
         var closed = false
+        var connection: DBusConnection
+        /// True between losing the bus connection and opening a new one.
+        var busLost = false
     }
-    let core = Mutex(Core())
+    let core: Mutex<Core>
 
     /// Opens the client's D-Bus connection. Nothing runs until `start()`.
     /// - Throws: `BlueZError.busUnavailable` when the bus cannot be reached.
     public init(bus: BlueZBus = .system, logger: BlueZLogger = .disabled) throws(BlueZError) {
         self.bus = bus
         self.logger = logger
-        connection = try Self.openConnection(bus)
+        core = Mutex(Core(connection: try Self.openConnection(bus)))
     }
 
     static func openConnection(_ bus: BlueZBus) throws(BlueZError) -> DBusConnection {
@@ -62,8 +71,37 @@ public final class BlueZClient: Sendable {
         }
     }
 
+    /// Opens a connection on a thread of its own: the handshake (`Hello`) blocks, and the cooperative pool has
+    /// few threads to spare.
+    static func openConnectionOffPool(_ bus: BlueZBus) async throws(BlueZError) -> DBusConnection {
+        do {
+            switch bus {
+            case .system: return try await DBusConnection.open(.system)
+            case .address(let a): return try await DBusConnection.open(.address(a))
+            }
+        } catch {
+            throw .busUnavailable(BlueZDBusFailure(error))
+        }
+    }
+
+    /// Creates a client like `init(bus:logger:)`, opening its D-Bus connection on a thread of its own instead of
+    /// blocking the calling task's thread while the bus answers.
+    /// - Throws: `BlueZError.busUnavailable` when the bus cannot be reached.
+    public static func open(bus: BlueZBus = .system, logger: BlueZLogger = .disabled) async throws(BlueZError)
+        -> BlueZClient
+    {
+        BlueZClient(bus: bus, logger: logger, connection: try await openConnectionOffPool(bus))
+    }
+
+    private init(bus: BlueZBus, logger: BlueZLogger, connection: DBusConnection) {
+        self.bus = bus
+        self.logger = logger
+        core = Mutex(Core(connection: connection))
+    }
+
     deinit {
-        core.withLock { $0.pump }?.cancel()
+        let (pump, connection) = core.withLock { ($0.pump, $0.connection) }
+        pump?.cancel()
         connection.close()
     }
 
@@ -76,7 +114,8 @@ public final class BlueZClient: Sendable {
         defer { unsubscribe(id) }
         let started: Bool = core.withLock { core in
             if core.pump != nil { return false }
-            core.pump = Task { [weak self] in await self?.runPump(settled: shot) }
+            let box = WeakClient(self)
+            core.pump = Task { await BlueZClientPump.run(box, settled: shot) }
             return true
         }
         if !started, core.withLock({ $0.settled }) { return }
@@ -85,17 +124,19 @@ public final class BlueZClient: Sendable {
             shot.complete(false)
         }
         defer { timer.cancel() }
-        guard await shot.value() else {
-            throw .timeout(device: nil, operation: "loading BlueZ's object tree", seconds: timeout.seconds)
+        switch await shot.value() {
+        case true?: return
+        case false?: throw .timeout(device: nil, operation: "loading BlueZ's object tree", seconds: timeout.seconds)
+        case nil: throw .cancelled(operation: "loading BlueZ's object tree")
         }
     }
 
     /// Stops following bluetoothd and closes the connection. Idempotent.
     public func close() {
-        let pump = core.withLock { core -> Task<Void, Never>? in
+        let (pump, connection) = core.withLock { core -> (Task<Void, Never>?, DBusConnection) in
             core.closed = true
             defer { core.pump = nil }
-            return core.pump
+            return (core.pump, core.connection)
         }
         pump?.cancel()
         connection.close()
@@ -104,104 +145,87 @@ public final class BlueZClient: Sendable {
     /// True while bluetoothd owns `org.bluez` and the mirror is loaded.
     public var isBluetoothdRunning: Bool { core.withLock { $0.owner != nil && $0.loaded } }
 
-    // MARK: the pump
+    /// False from losing the system bus connection (`BlueZClientEvent.busLost`) until a new one is open.
+    public var isBusConnected: Bool { core.withLock { !$0.busLost && !$0.closed } }
 
-    private func runPump(settled: OneShot<Bool>) async {
-        let owners: DBusNameOwnerStream
-        do {
-            owners = try await connection.nameOwnerChanges(BlueZName.service)
-        } catch {
-            logger.error("cannot watch org.bluez on the bus: \(error)")
-            settled.complete(false)
-            return
+    // MARK: the pump (see BlueZClientPump)
+
+    /// bluetoothd (`owner`) owns org.bluez now; its tree is loaded by the follower.
+    fileprivate func ownerAppeared(_ owner: String) {
+        logger.info("bluetoothd is on the bus as \(owner)")
+        core.withLock {
+            $0.owner = owner
+            $0.loaded = false
         }
-        var follower: Task<Void, Never>?
-        for await owner in owners {
-            if Task.isCancelled { break }
-            follower?.cancel()
-            await follower?.value
-            follower = nil
-            let previousOwner = core.withLock { $0.owner }
-            if previousOwner != nil {
-                daemonLost()
-            }
-            if let owner {
-                logger.info("bluetoothd is on the bus as \(owner)")
-                core.withLock {
-                    $0.owner = owner
-                    $0.loaded = false
-                }
-                follower = Task { [weak self] in await self?.follow(owner: owner, settled: settled) }
-            } else {
-                logger.info("bluetoothd (org.bluez) is not on the bus")
-                let handlers = core.withLock { core -> [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void] in
-                    core.settled = true
-                    return Array(core.subscribers.values)
-                }
-                settled.complete(true)
-                let tree = self.tree
-                for h in handlers { h(.reloaded, tree) }
-            }
-        }
-        follower?.cancel()
-        await follower?.value
     }
 
-    private func daemonLost() {
-        logger.warning("bluetoothd left the bus; every device counts as disconnected")
-        let (previous, handlers) = core.withLock { core in
+    /// Nobody owns org.bluez.
+    fileprivate func ownerAbsent(settled: OneShot<Bool>) {
+        logger.info("bluetoothd (org.bluez) is not on the bus")
+        let handlers = core.withLock { core -> [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void] in
+            core.settled = true
+            return Array(core.subscribers.values)
+        }
+        settled.complete(true)
+        let tree = self.tree
+        for h in handlers { h(.reloaded, tree) }
+    }
+
+    /// A GetManagedObjects reply from the current owner: the mirror is rebuilt from it.
+    fileprivate func load(_ reply: [DBusValue], settled: OneShot<Bool>) {
+        let handlers = core.withLock { core -> [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void] in
+            core.tree.load(managedObjects: reply.first ?? .array("a{oa{sa{sv}}}", []))
+            core.settled = true
+            core.loaded = true
+            return Array(core.subscribers.values)
+        }
+        let tree = self.tree
+        logger.debug("loaded BlueZ's object tree: \(tree.adapters.count) adapter(s), \(tree.devices.count) device(s)")
+        settled.complete(true)
+        for h in handlers { h(.reloaded, tree) }
+    }
+
+    /// bluetoothd left the bus (`busLost` false) or the bus connection died (true): the mirror is cleared and every
+    /// subscriber told.
+    fileprivate func daemonLost(busLost: Bool) {
+        let (previous, handlers, hadOwner) = core.withLock { core in
             let previous = core.tree
+            let hadOwner = core.owner != nil
             core.tree.clear()
             core.owner = nil
             core.loaded = false
-            return (previous, Array(core.subscribers.values))
+            if busLost { core.busLost = true }
+            return (previous, Array(core.subscribers.values), hadOwner)
         }
-        let empty = BlueZObjectTree()
-        for h in handlers { h(.daemonLost(previous: previous), empty) }
-    }
-
-    /// Subscribes to every signal bluetoothd (`owner`) sends, then loads the tree, then applies signals in order.
-    private func follow(owner: String, settled: OneShot<Bool>) async {
-        let stream: DBusSignalStream
-        do {
-            stream = try await connection.signals(matching: DBusMatchRule(type: .signal, sender: owner))
-        } catch {
-            logger.error("cannot add a match rule for bluetoothd's signals: \(error)")
+        if busLost {
+            logger.error(
+                "lost the connection to the D-Bus system bus; every device counts as disconnected; reconnecting")
+        } else if hadOwner {
+            logger.warning("bluetoothd left the bus; every device counts as disconnected")
+        } else {
             return
         }
-        var loaded = false
-        for attempt in 0..<20 where !Task.isCancelled {
-            do {
-                let reply = try await connection.call(
-                    destination: owner, path: "/", interface: BlueZName.objectManager, method: "GetManagedObjects",
-                    timeout: .seconds(10))
-                let handlers = core.withLock { core -> [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void] in
-                    core.tree.load(managedObjects: reply.first ?? .array("a{oa{sa{sv}}}", []))
-                    core.settled = true
-                    core.loaded = true
-                    return Array(core.subscribers.values)
-                }
-                loaded = true
-                logger.debug(
-                    "loaded BlueZ's object tree: \(tree.adapters.count) adapter(s), \(tree.devices.count) device(s)")
-                settled.complete(true)
-                let tree = self.tree
-                for h in handlers { h(.reloaded, tree) }
-                break
-            } catch {
-                // bluetoothd may own the name before it exports its ObjectManager.
-                logger.debug("GetManagedObjects failed (attempt \(attempt + 1)): \(error)")
-                await nap(.milliseconds(100))
-            }
-        }
-        guard loaded else { return }
-        for await message in stream {
-            if Task.isCancelled { break }
-            dispatch(message)
-        }
+        let empty = BlueZObjectTree()
+        for h in handlers { h(.daemonLost(previous: previous, busLost: busLost), empty) }
     }
 
-    private func dispatch(_ message: DBusMessage) {
+    /// A new bus connection replaces the lost one.
+    fileprivate func busRestored(_ connection: DBusConnection) {
+        let (old, handlers) = core.withLock { core in
+            let old = core.connection
+            core.connection = connection
+            core.busLost = false
+            return (old, Array(core.subscribers.values))
+        }
+        Task { await old.closeAndWait() }
+        logger.info("reconnected to the D-Bus system bus as \(connection.uniqueName)")
+        let tree = self.tree
+        for h in handlers { h(.busRestored, tree) }
+    }
+
+    fileprivate var isClosed: Bool { core.withLock { $0.closed } }
+
+    fileprivate func dispatch(_ message: DBusMessage) {
         let result = core.withLock {
             core -> (BlueZTreeEvent, BlueZObjectTree, [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void])? in
             guard let event = core.tree.apply(message) else { return nil }
@@ -244,11 +268,8 @@ public final class BlueZClient: Sendable {
             shot.complete(nil)
         }
         defer { timer.cancel() }
-        return await withTaskCancellationHandler {
-            await shot.value()
-        } onCancel: {
-            shot.complete(nil)
-        }
+        // OneShot.value() returns nil when this task is cancelled.
+        return await shot.value() ?? nil
     }
 
     /// Adds objects bluetoothd exports but the mirror lacks (bluez#1489: `ServicesResolved` before the objects).
@@ -327,7 +348,10 @@ public final class BlueZClient: Sendable {
         let known = Mutex<[String: BlueZAdapter]>(Dictionary(uniqueKeysWithValues: adapters.map { ($0.path, $0) }))
         let id = subscribe { event, tree in
             var out: [BlueZClientEvent] = []
-            if case .daemonLost = event { out.append(.bluetoothdStopped) }
+            if case .daemonLost(_, let busLost) = event {
+                out.append(busLost ? .busLost(reason: "the connection to the system bus was lost") : .bluetoothdStopped)
+            }
+            if case .busRestored = event { out.append(.busRestored) }
             let now = Dictionary(uniqueKeysWithValues: tree.adapters.map { ($0.path, $0) })
             known.withLock { known in
                 for (path, adapter) in known where now[path] == nil { out.append(.adapterRemoved(adapter)) }
@@ -362,6 +386,7 @@ public final class BlueZClient: Sendable {
         {
             return adapter
         }
+        if Task.isCancelled { throw .cancelled(operation: "waiting for adapter \(selector)") }
         throw unavailable(selector)
     }
 
@@ -392,8 +417,9 @@ public final class BlueZClient: Sendable {
                 interface: BlueZName.properties, method: "Set",
                 arguments: [.string(BlueZName.adapter), .string("Powered"), .variant(.boolean(powered))])
         } catch {
-            throw .failed(
-                device: nil, operation: "power \(powered ? "on" : "off") \(adapter.name)", failure: .init(error))
+            let operation = "power \(powered ? "on" : "off") \(adapter.name)"
+            if error.name == DBusError.cancelled { throw .cancelled(operation: operation) }
+            throw .failed(device: nil, operation: operation, failure: .init(error))
         }
     }
 
@@ -423,7 +449,138 @@ public final class BlueZClient: Sendable {
             if error.name == "org.bluez.Error.DoesNotExist" || error.name == DBusError.unknownObject {
                 throw .deviceNotFound(device: device.label, failure: .init(error))
             }
+            if error.name == DBusError.cancelled { throw .cancelled(operation: "device \(device.label): remove") }
             throw .failed(device: device.label, operation: "remove", failure: .init(error))
+        }
+    }
+}
+
+/// The client, held weakly: the pump's tasks take a strong reference only between waits, so a client that is
+/// dropped without `close()` is freed and its deinit stops the pump.
+final class WeakClient: Sendable {
+    weak let value: BlueZClient?
+    init(_ value: BlueZClient) { self.value = value }
+}
+
+/// Delays between retries: 100 ms doubling to 5 s, for as long as the client runs.
+struct Backoff: Sendable {
+    private(set) var next: Duration = .milliseconds(100)
+    mutating func take() -> Duration {
+        defer { next = min(next * 2, .seconds(5)) }
+        return next
+    }
+    mutating func reset() { next = .milliseconds(100) }
+}
+
+/// The client's pump: watches the owner of org.bluez on the current bus connection, follows each owner (match
+/// rule, then GetManagedObjects, then signals in order), and when the bus connection dies reports it and opens a
+/// new one with backoff. Every retry goes on until the client is closed or dropped.
+enum BlueZClientPump {
+    static func run(_ box: WeakClient, settled: OneShot<Bool>) async {
+        var backoff = Backoff()
+        while !Task.isCancelled {
+            guard let connection = box.value?.connection else { return }
+            if connection.isConnected {
+                if await watchOwner(box, connection, settled: settled) { backoff.reset() }
+                if Task.isCancelled { return }
+            }
+            guard let client = box.value, !client.isClosed else { return }
+            if connection.isConnected {
+                // The watch could not start on a live connection (AddMatch or GetNameOwner failed): try again.
+                await nap(backoff.take())
+                continue
+            }
+            client.daemonLost(busLost: true)
+            let bus = client.bus
+            _ = consume client
+            while !Task.isCancelled {
+                await nap(backoff.take())
+                if Task.isCancelled { return }
+                do {
+                    let fresh = try await BlueZClient.openConnectionOffPool(bus)
+                    guard let client = box.value, !client.isClosed, !Task.isCancelled else {
+                        await fresh.closeAndWait()
+                        return
+                    }
+                    client.busRestored(fresh)
+                    backoff.reset()
+                    break
+                } catch {
+                    box.value?.logger.debug("the system bus is still unreachable: \(error)")
+                }
+            }
+        }
+    }
+
+    /// Follows the owner of org.bluez until `connection` ends. Returns false when the watch could not start.
+    private static func watchOwner(_ box: WeakClient, _ connection: DBusConnection, settled: OneShot<Bool>) async
+        -> Bool
+    {
+        let owners: DBusNameOwnerStream
+        do {
+            owners = try await connection.nameOwnerChanges(BlueZName.service)
+        } catch {
+            box.value?.logger.warning("cannot watch org.bluez on the bus: \(error); retrying")
+            return false
+        }
+        var follower: Task<Void, Never>?
+        for await owner in owners {
+            if Task.isCancelled { break }
+            follower?.cancel()
+            await follower?.value
+            follower = nil
+            guard let client = box.value else { break }
+            client.daemonLost(busLost: false)
+            if let owner {
+                client.ownerAppeared(owner)
+                follower = Task { await follow(box, connection, owner: owner, settled: settled) }
+            } else {
+                client.ownerAbsent(settled: settled)
+            }
+        }
+        follower?.cancel()
+        await follower?.value
+        return true
+    }
+
+    /// Subscribes to every signal bluetoothd (`owner`) sends, then loads the tree, then applies signals in order.
+    /// The match rule and GetManagedObjects are retried with backoff until the owner changes (this task is then
+    /// cancelled) or the connection ends.
+    private static func follow(_ box: WeakClient, _ connection: DBusConnection, owner: String, settled: OneShot<Bool>)
+        async
+    {
+        var backoff = Backoff()
+        var subscribed: DBusSignalStream?
+        while subscribed == nil, !Task.isCancelled, connection.isConnected {
+            do {
+                subscribed = try await connection.signals(matching: DBusMatchRule(type: .signal, sender: owner))
+            } catch {
+                box.value?.logger.warning("cannot add a match rule for bluetoothd's signals: \(error); retrying")
+                await nap(backoff.take())
+            }
+        }
+        guard let stream = subscribed else { return }
+        backoff.reset()
+        var attempt = 0
+        while !Task.isCancelled, connection.isConnected {
+            attempt += 1
+            do {
+                let reply = try await connection.call(
+                    destination: owner, path: "/", interface: BlueZName.objectManager, method: "GetManagedObjects",
+                    timeout: .seconds(10))
+                guard let client = box.value, !Task.isCancelled else { return }
+                client.load(reply, settled: settled)
+                break
+            } catch {
+                // bluetoothd may own the name before it exports its ObjectManager.
+                box.value?.logger.debug("GetManagedObjects failed (attempt \(attempt)): \(error)")
+                await nap(backoff.take())
+            }
+        }
+        for await message in stream {
+            if Task.isCancelled { break }
+            guard let client = box.value else { return }
+            client.dispatch(message)
         }
     }
 }

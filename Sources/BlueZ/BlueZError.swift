@@ -74,6 +74,11 @@ public enum BlueZError: Error, Sendable, Equatable, CustomStringConvertible {
     case failed(device: BlueZDeviceLabel?, operation: String, failure: BlueZDBusFailure)
     /// The caller passed something BlueZ cannot take (a bad UUID, an empty pattern list).
     case invalidArgument(String)
+    /// The task running `operation` was cancelled before it finished (nothing failed on BlueZ's side).
+    case cancelled(operation: String)
+    /// A notification stream ended while the device stayed connected: bluetoothd closed the AcquireNotify socket
+    /// or ended the StartNotify session (another client's StopNotify, Service Changed). Subscribe again.
+    case notificationsEnded(device: BlueZDeviceLabel, characteristic: String, reason: String)
 
     /// The D-Bus error carried by the case, if any.
     public var dbusFailure: BlueZDBusFailure? {
@@ -124,6 +129,10 @@ public enum BlueZError: Error, Sendable, Equatable, CustomStringConvertible {
             return prefix(device) + "\(op) failed: \(f)"
         case .invalidArgument(let text):
             return text
+        case .cancelled(let op):
+            return "\(op) cancelled"
+        case .notificationsEnded(let device, let characteristic, let reason):
+            return "device \(device): notifications from \(characteristic) ended: \(reason); subscribe again"
         }
     }
 }
@@ -164,6 +173,8 @@ func mapDBusError(_ error: DBusError, device: BlueZDeviceLabel, operation: Strin
         return .notConnected(device: device, operation: operation, failure: failure)
     case DBusError.noReply, DBusError.timedOut:
         return .timeout(device: device, operation: operation, seconds: 0)
+    case DBusError.cancelled:
+        return .cancelled(operation: "device \(device): \(operation)")
     default:
         return .failed(device: device, operation: operation, failure: failure)
     }

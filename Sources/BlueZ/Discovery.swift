@@ -154,11 +154,17 @@ let advertisementKeys: Set<String> = [
     "RSSI", "ManufacturerData", "ServiceData", "TxPower", "Name", "UUIDs", "AdvertisingData", "AdvertisingFlags",
 ]
 
-/// A running discovery. Stop it with `stop()`; dropping it without stopping leaks nothing on BlueZ's side (its
-/// connection closes, which ends the BlueZ session) but ends the event stream only at `stop()` or deinit.
+/// A running discovery. Stop it with `stop()`; dropping it without stopping is safe too: its watchdog holds it only
+/// weakly, so it is freed, and its deinit closes its connection (which ends the BlueZ session) and ends the event
+/// stream.
+///
+/// It ends on its own (the event stream finishes and `endReason` says why) when the bus connection is lost, or when
+/// its adapter is removed and it was started on a fixed adapter. Started with an adapter selector
+/// (`startDiscovery(onAdapter:filter:)`) it survives the adapter going away and rebinds to the next adapter that
+/// matches. Across a bluetoothd restart it reports its devices lost and starts scanning again on the new daemon.
 public final class BlueZDiscovery: Sendable {
-    /// The adapter it runs on.
-    public let adapter: BlueZAdapter
+    /// The adapter it runs on (the latest one, after a rebind).
+    public var adapter: BlueZAdapter { state.withLock { $0.adapter } }
     /// The filter it was started with.
     public let filter: BlueZDiscoveryFilter
     /// Active or passive.
@@ -167,6 +173,8 @@ public final class BlueZDiscovery: Sendable {
     public let fallbackReason: String?
     /// Device events.
     public let events: BlueZDiscoveryEvents
+    /// The adapter selector it rebinds with, when started with one.
+    public let selector: BlueZAdapterSelector?
 
     let client: BlueZClient
     let connection: DBusConnection
@@ -174,27 +182,41 @@ public final class BlueZDiscovery: Sendable {
     let monitorRoot: DBusObjectPath
     let server: DBusObjectServer?
 
+    /// How long a device removed while our own restart runs may stay away before it counts as lost: StopDiscovery
+    /// drops temporary broadcasters, which come back with their next advertisement (at most 10.24 s later).
+    static let restartGrace: Duration = .seconds(11)
+
     struct State: Sendable {
+        var adapter: BlueZAdapter
+        /// False while the adapter is gone (waiting for a matching one when there is a selector).
+        var bound = true
         var reported: [String: BlueZDevice] = [:]
+        /// Devices removed by our own restart, with the time they count as lost if they have not come back.
+        var held: [String: (device: BlueZDevice, until: ContinuousClock.Instant)] = [:]
+        /// When our last restart finished: removals signalled shortly after it still come from it (the signal
+        /// travels on the client's connection, the StopDiscovery reply on ours, unordered).
+        var restartEnded: ContinuousClock.Instant?
         var lastActivity = ContinuousClock.now
         var subscription: UInt64?
         var watchdog: Task<Void, Never>?
         var restarting: Task<Void, Never>?
         var stopped = false
         var restarts = 0
+        var endReason: BlueZError?
     }
-    let state = Mutex(State())
+    let state: Mutex<State>
 
     init(
-        client: BlueZClient, adapter: BlueZAdapter, filter: BlueZDiscoveryFilter, mode: BlueZScanMode,
-        fallbackReason: String?, connection: DBusConnection
+        client: BlueZClient, adapter: BlueZAdapter, selector: BlueZAdapterSelector?, filter: BlueZDiscoveryFilter,
+        mode: BlueZScanMode, fallbackReason: String?, connection: DBusConnection
     ) {
         self.client = client
-        self.adapter = adapter
+        self.selector = selector
         self.filter = filter
         self.mode = mode
         self.fallbackReason = fallbackReason
         self.connection = connection
+        state = Mutex(State(adapter: adapter))
         let (stream, continuation) = AsyncStream<BlueZDiscoveryEvent>.makeStream(
             bufferingPolicy: .bufferingNewest(4096))
         self.events = BlueZDiscoveryEvents(base: stream)
@@ -205,8 +227,9 @@ public final class BlueZDiscovery: Sendable {
     }
 
     deinit {
-        let (sub, watchdog) = state.withLock { ($0.subscription, $0.watchdog) }
+        let (sub, watchdog, restarting) = state.withLock { ($0.subscription, $0.watchdog, $0.restarting) }
         watchdog?.cancel()
+        restarting?.cancel()
         if let sub { client.unsubscribe(sub) }
         continuation.finish()
         connection.close()
@@ -214,6 +237,9 @@ public final class BlueZDiscovery: Sendable {
 
     /// Number of times the watchdog or a bluetoothd restart restarted this discovery.
     public var restartCount: Int { state.withLock { $0.restarts } }
+
+    /// Why the discovery ended on its own (bus lost, adapter removed); nil while it runs and after `stop()`.
+    public var endReason: BlueZError? { state.withLock { $0.endReason } }
 
     /// Passive when asked for, offered by the adapter, and there is a pattern; else active, with the reason.
     static func scanMode(adapter: BlueZAdapter, filter: BlueZDiscoveryFilter) -> (BlueZScanMode, String?) {
@@ -239,18 +265,24 @@ public final class BlueZDiscovery: Sendable {
             try await startOnBlueZ()
         } catch {
             client.unsubscribe(id)
-            connection.close()
+            await connection.closeAndWait()
             continuation.finish()
             throw error
         }
         // Devices already advertising (another client was scanning) count as seen now.
-        for device in client.tree.devices where device.adapterPath == adapter.path && device.rssi != nil {
+        let path = adapter.path
+        for device in client.tree.devices where device.adapterPath == path && device.rssi != nil {
             report(device, advertisement: true)
         }
         if let interval = filter.watchdogInterval {
+            // Holds the discovery only between naps, so that dropping it frees it.
             let task = Task { [weak self] in
-                guard let self else { return }
-                await self.runWatchdog(interval: interval)
+                let tick = max(interval / 4, .milliseconds(20))
+                while !Task.isCancelled {
+                    await nap(tick)
+                    guard !Task.isCancelled, let discovery = self else { return }
+                    discovery.watchdogTick(interval: interval, tick: tick)
+                }
             }
             state.withLock { $0.watchdog = task }
         }
@@ -285,18 +317,18 @@ public final class BlueZDiscovery: Sendable {
             if !uuids.isEmpty { entries.append(("UUIDs", .array("s", uuids.map { .string($0) }))) }
             if let rssi = filter.rssiThreshold { entries.append(("RSSI", .int16(rssi))) }
         }
+        let name = adapter.name
         do {
             _ = try await connection.call(
                 destination: BlueZName.service, path: adapterPath, interface: BlueZName.adapter,
                 method: "SetDiscoveryFilter", arguments: [.stringVariantDictionary(entries)], timeout: .seconds(10))
         } catch {
             if error.name == "org.bluez.Error.NotSupported" {
-                client.logger.warning(
-                    "adapter \(adapter.name): SetDiscoveryFilter not supported; scanning without a filter")
+                client.logger.warning("adapter \(name): SetDiscoveryFilter not supported; scanning without a filter")
                 return
             }
             if error.name == "org.bluez.Error.InvalidArguments" {
-                throw .invalidArgument("adapter \(adapter.name): BlueZ rejected the discovery filter: \(error.message)")
+                throw .invalidArgument("adapter \(name): BlueZ rejected the discovery filter: \(error.message)")
             }
             throw mapAdapterError(error, operation: "set discovery filter")
         }
@@ -314,21 +346,25 @@ public final class BlueZDiscovery: Sendable {
     }
 
     private func mapAdapterError(_ error: DBusError, operation: String) -> BlueZError {
+        let name = adapter.name
         switch error.name {
         case "org.bluez.Error.NotReady":
-            return .adapterUnavailable(adapter: adapter.name, reason: "powered off (\(operation): \(error.message))")
+            return .adapterUnavailable(adapter: name, reason: "powered off (\(operation): \(error.message))")
         case DBusError.unknownObject, DBusError.unknownMethod:
-            return .adapterUnavailable(adapter: adapter.name, reason: "gone (\(operation): \(error.name))")
+            return .adapterUnavailable(adapter: name, reason: "gone (\(operation): \(error.name))")
         case DBusError.serviceUnknown, DBusError.noReply, DBusError.disconnected:
             return .bluetoothdUnavailable(reason: "\(operation): \(BlueZDBusFailure(error))")
+        case DBusError.cancelled:
+            return .cancelled(operation: "adapter \(name): \(operation)")
         default:
-            return .failed(device: nil, operation: "adapter \(adapter.name): \(operation)", failure: .init(error))
+            return .failed(device: nil, operation: "adapter \(name): \(operation)", failure: .init(error))
         }
     }
 
     /// StopDiscovery the way bleak does it: `InProgress` is a kernel stop/restart race, recovered with
     /// Start+Stop; `NotReady` (powered off) and `Failed "No discovery started"` mean there is nothing to stop.
     private func stopOnBlueZ() async {
+        let name = adapter.name
         switch mode {
         case .active:
             for attempt in 0..<4 {
@@ -339,14 +375,14 @@ public final class BlueZDiscovery: Sendable {
                     break
                 } catch {
                     if error.name == "org.bluez.Error.InProgress", attempt < 3 {
-                        client.logger.debug("StopDiscovery on \(adapter.name): InProgress; retrying with Start+Stop")
+                        client.logger.debug("StopDiscovery on \(name): InProgress; retrying with Start+Stop")
                         await nap(.milliseconds(50 * (attempt + 1)))
                         _ = try? await connection.call(
                             destination: BlueZName.service, path: adapterPath, interface: BlueZName.adapter,
                             method: "StartDiscovery", timeout: .seconds(10))
                         continue
                     }
-                    client.logger.debug("StopDiscovery on \(adapter.name): \(error) (nothing to stop)")
+                    client.logger.debug("StopDiscovery on \(name): \(error) (nothing to stop)")
                     break
                 }
             }
@@ -360,25 +396,44 @@ public final class BlueZDiscovery: Sendable {
 
     /// Stops scanning, ends the event stream and closes the session's connection. Idempotent.
     public func stop() async {
-        let (first, sub, watchdog, restarting) = state.withLock { s in
+        let (first, sub, watchdog, restarting, bound) = state.withLock { s in
             let first = !s.stopped
             s.stopped = true
             defer { s.subscription = nil }
-            return (first, s.subscription, s.watchdog, s.restarting)
+            return (first, s.subscription, s.watchdog, s.restarting, s.bound)
         }
         guard first else { return }
         watchdog?.cancel()
         restarting?.cancel()
         if let sub { client.unsubscribe(sub) }
-        if client.isBluetoothdRunning { await stopOnBlueZ() }
+        if bound, client.isBluetoothdRunning { await stopOnBlueZ() }
         continuation.finish()
-        connection.close()
+        await connection.closeAndWait()
     }
 
-    /// Restarts scanning on BlueZ (after a bluetoothd restart, or when the watchdog finds it silent).
+    /// Ends the discovery on its own (bus lost, adapter removed): what `stop()` does, without calls to BlueZ.
+    private func end(_ reason: BlueZError) {
+        let (first, sub, watchdog, restarting) = state.withLock { s in
+            let first = !s.stopped
+            s.stopped = true
+            if first { s.endReason = reason }
+            defer { s.subscription = nil }
+            return (first, s.subscription, s.watchdog, s.restarting)
+        }
+        guard first else { return }
+        client.logger.warning("discovery on \(adapter.name) ended: \(reason)")
+        watchdog?.cancel()
+        restarting?.cancel()
+        if let sub { client.unsubscribe(sub) }
+        continuation.finish()
+        let connection = self.connection
+        Task { await connection.closeAndWait() }
+    }
+
+    /// Restarts scanning on BlueZ (after a bluetoothd restart, a rebind, or when the watchdog finds it stopped).
     private func restart(_ why: String) {
         state.withLock { s in
-            guard !s.stopped, s.restarting == nil else { return }
+            guard !s.stopped, s.bound, s.restarting == nil else { return }
             s.restarts += 1
             s.lastActivity = .now
             s.restarting = Task { [weak self] in await self?.performRestart(why) }
@@ -396,57 +451,130 @@ public final class BlueZDiscovery: Sendable {
         state.withLock {
             $0.restarting = nil
             $0.lastActivity = .now
+            $0.restartEnded = .now
         }
     }
 
-    private func runWatchdog(interval: Duration) async {
-        let tick = max(interval / 4, .milliseconds(20))
-        while !Task.isCancelled {
-            await nap(tick)
-            if Task.isCancelled { return }
-            guard client.isBluetoothdRunning else { continue }
-            let silent = state.withLock { ContinuousClock.now - $0.lastActivity }
-            let tree = client.tree
-            let discovering = tree.adapter(at: adapter.path)?.discovering ?? false
-            if mode == .active, !discovering {
-                restart("the adapter is no longer discovering")
-            } else if silent > interval {
-                restart("no advertisement for \(formatSeconds(silent.seconds)) s")
+    /// Restarts when discovery really stopped (Discovering=false that we did not cause: a power cycle, a kernel
+    /// reset), or, when every advertisement is expected (duplicate data on), after `interval` of silence. With
+    /// duplicate data off, silence is normal (BlueZ signals nothing for an unchanged advertisement) and restarting
+    /// would only make StopDiscovery drop temporary devices.
+    private func watchdogTick(interval: Duration, tick: Duration) {
+        let (flush, silent, busy) = state.withLock { s -> ([BlueZDevice], Duration, Bool) in
+            var flush: [BlueZDevice] = []
+            let now = ContinuousClock.now
+            for (path, entry) in s.held where entry.until <= now {
+                flush.append(entry.device)
+                s.held[path] = nil
             }
+            flush.sort { $0.path < $1.path }
+            return (flush, ContinuousClock.now - s.lastActivity, s.restarting != nil || !s.bound || s.stopped)
+        }
+        for d in flush { continuation.yield(.lost(d)) }
+        guard !busy, client.isBluetoothdRunning, let current = client.tree.adapter(at: adapter.path), current.powered
+        else { return }
+        if mode == .active, !current.discovering, silent > tick {
+            restart("the adapter is no longer discovering")
+        } else if filter.duplicateData, silent > interval {
+            restart("no advertisement for \(formatSeconds(silent.seconds)) s")
         }
     }
 
     // MARK: events
 
     private func handle(_ event: BlueZTreeEvent, _ tree: BlueZObjectTree) {
+        let current = state.withLock { $0.bound ? $0.adapter.path : nil }
         switch event {
         case .interfacesAdded(let path, let interfaces):
+            if interfaces[BlueZName.adapter] != nil, current == nil, let selector, let a = tree.adapter(at: path),
+                selector.matches(a)
+            {
+                rebind(a, why: "adapter \(a.name) appeared")
+                return
+            }
             guard interfaces[BlueZName.device] != nil, let device = tree.device(at: path),
-                device.adapterPath == adapter.path
+                device.adapterPath == current
             else { return }
             report(device, advertisement: device.rssi != nil)
         case .propertiesChanged(let path, BlueZName.device, let changed, _):
             guard !advertisementKeys.isDisjoint(with: changed.keys), let device = tree.device(at: path),
-                device.adapterPath == adapter.path
+                device.adapterPath == current
             else { return }
             report(device, advertisement: true)
         case .interfacesRemoved(let path, let names, _) where names.contains(BlueZName.device):
-            let lost = state.withLock { $0.reported.removeValue(forKey: path) }
-            if let lost { continuation.yield(.lost(lost)) }
-        case .daemonLost:
-            let lost = state.withLock { s -> [BlueZDevice] in
-                defer { s.reported = [:] }
-                return s.reported.values.sorted { $0.path < $1.path }
+            let lost = state.withLock { s -> BlueZDevice? in
+                guard let device = s.reported.removeValue(forKey: path) else { return nil }
+                // Our own StopDiscovery drops temporary devices: hold them until they come back or stay away.
+                let now = ContinuousClock.now
+                if s.restarting != nil || s.restartEnded.map({ now - $0 < .seconds(2) }) == true {
+                    s.held[path] = (device, now + Self.restartGrace)
+                    return nil
+                }
+                return device
             }
-            for d in lost { continuation.yield(.lost(d)) }
+            if let lost { continuation.yield(.lost(lost)) }
+        case .interfacesRemoved(let path, let names, _) where names.contains(BlueZName.adapter) && path == current:
+            adapterRemoved()
+        case .daemonLost(_, let busLost):
+            loseAll()
+            if busLost {
+                end(
+                    .busUnavailable(
+                        BlueZDBusFailure(name: DBusError.disconnected, message: "the system bus connection was lost")))
+            }
         case .reloaded:
-            if tree.adapter(at: adapter.path) != nil, client.isBluetoothdRunning {
+            guard client.isBluetoothdRunning else { return }
+            if let current, tree.adapter(at: current) != nil {
                 // After a restart bluetoothd has no record of our session: start it again.
                 restart("bluetoothd (re)appeared")
+            } else if let selector, let a = tree.adapters.first(where: selector.matches) {
+                rebind(a, why: "bluetoothd (re)appeared with adapter \(a.name)")
+            } else if current != nil {
+                adapterRemoved()
             }
         default:
             return
         }
+    }
+
+    /// Every reported (and held) device is lost.
+    private func loseAll() {
+        let lost = state.withLock { s -> [BlueZDevice] in
+            defer {
+                s.reported = [:]
+                s.held = [:]
+            }
+            return (Array(s.reported.values) + s.held.values.map(\.device)).sorted { $0.path < $1.path }
+        }
+        for d in lost { continuation.yield(.lost(d)) }
+    }
+
+    /// The adapter left the tree: devices are lost; with a selector, wait for a matching adapter, else end.
+    private func adapterRemoved() {
+        loseAll()
+        let name = adapter.name
+        guard selector != nil else {
+            end(.adapterUnavailable(adapter: name, reason: "adapter removed"))
+            return
+        }
+        let restarting = state.withLock { s -> Task<Void, Never>? in
+            s.bound = false
+            defer { s.restarting = nil }
+            return s.restarting
+        }
+        restarting?.cancel()
+        client.logger.warning(
+            "discovery on \(name): adapter removed; waiting for an adapter matching \(selector?.description ?? "")")
+    }
+
+    private func rebind(_ adapter: BlueZAdapter, why: String) {
+        let ok = state.withLock { s -> Bool in
+            guard !s.stopped else { return false }
+            s.adapter = adapter
+            s.bound = true
+            return true
+        }
+        if ok { restart(why) }
     }
 
     private func report(_ device: BlueZDevice, advertisement: Bool) {
@@ -456,6 +584,11 @@ public final class BlueZDiscovery: Sendable {
             guard !s.stopped else { return nil }
             s.lastActivity = .now
             if s.reported[device.path] != nil {
+                s.reported[device.path] = device
+                return .updated(device)
+            }
+            if s.held.removeValue(forKey: device.path) != nil {
+                // Back after our own restart dropped it: not news.
                 s.reported[device.path] = device
                 return .updated(device)
             }
@@ -515,11 +648,29 @@ extension BlueZClient {
     ///
     /// Passive scanning is used when `filter.passive` is set, the adapter offers `AdvertisementMonitorManager1`,
     /// and there is at least one pattern (explicit or from service UUIDs); otherwise it falls back to active
-    /// scanning and logs why.
+    /// scanning and logs why. The discovery ends (`endReason`) when this adapter is removed.
     /// - Throws: `BlueZError.adapterUnavailable` (absent or powered off), `.invalidArgument` (filter rejected).
     public func startDiscovery(on adapter: BlueZAdapter, filter: BlueZDiscoveryFilter = BlueZDiscoveryFilter())
         async throws(BlueZError) -> BlueZDiscovery
     {
+        try await startDiscovery(adapter, selector: nil, filter: filter)
+    }
+
+    /// Starts a discovery on the adapter `selector` picks now, and keeps it on a matching adapter: when that adapter
+    /// is removed its devices are reported lost, and the discovery resumes on the next adapter that matches (the
+    /// same controller back under a new name, when selected by address).
+    /// - Throws: `BlueZError.adapterUnavailable` when no matching adapter is on and powered now, and what
+    ///   `startDiscovery(on:filter:)` throws.
+    public func startDiscovery(
+        onAdapter selector: BlueZAdapterSelector, filter: BlueZDiscoveryFilter = BlueZDiscoveryFilter()
+    ) async throws(BlueZError) -> BlueZDiscovery {
+        guard case .on(let adapter) = adapterState(selector) else { throw unavailable(selector) }
+        return try await startDiscovery(adapter, selector: selector, filter: filter)
+    }
+
+    private func startDiscovery(
+        _ adapter: BlueZAdapter, selector: BlueZAdapterSelector?, filter: BlueZDiscoveryFilter
+    ) async throws(BlueZError) -> BlueZDiscovery {
         guard let current = tree.adapter(at: adapter.path) else {
             throw .adapterUnavailable(adapter: adapter.name, reason: "gone")
         }
@@ -528,9 +679,9 @@ extension BlueZClient {
         }
         let (mode, reason) = BlueZDiscovery.scanMode(adapter: current, filter: filter)
         if let reason { logger.warning("passive scanning unavailable: \(reason); using active scanning") }
-        let connection = try Self.openConnection(bus)
+        let connection = try await Self.openConnectionOffPool(bus)
         let discovery = BlueZDiscovery(
-            client: self, adapter: current, filter: filter, mode: mode, fallbackReason: reason,
+            client: self, adapter: current, selector: selector, filter: filter, mode: mode, fallbackReason: reason,
             connection: connection)
         try await discovery.begin()
         logger.debug("discovery started on \(adapter.name) (\(mode.rawValue))")

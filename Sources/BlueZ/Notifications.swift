@@ -10,7 +10,9 @@ import Synchronization
 
 /// Values notified or indicated by one characteristic, in arrival order.
 ///
-/// Ends normally when notifications are stopped, or throws `BlueZError.disconnected` when the connection ends.
+/// Ends normally when notifications are stopped, throws `BlueZError.disconnected` when the connection ends, and
+/// `BlueZError.notificationsEnded` when BlueZ ends the subscription while the device stays connected (subscribe
+/// again with `BlueZPeripheral.notifications(for:)`). A zero-length notification is an empty element.
 /// Stopping iteration (or dropping the sequence) stops the subscription.
 public struct BlueZNotifications: AsyncSequence, Sendable {
     /// The element type.
@@ -39,6 +41,8 @@ final class NotifySession: Sendable {
         // DispatchSourceRead is thread-safe; it is only touched under the lock here.
         var source: (any DispatchSourceRead)?
         var startNotify = false
+        /// A `Notifying: true` signal was seen after this session started.
+        var confirmed = false
         var ended = false
     }
     private let state = Mutex(State())
@@ -71,6 +75,11 @@ final class NotifySession: Sendable {
     func markStarted() { state.withLock { $0.startNotify = true } }
 
     /// Reads the AcquireNotify socket: each readable event drains every queued datagram.
+    ///
+    /// On a SOCK_SEQPACKET socket `recv` returns 0 both for a zero-length notification and at end of file. A
+    /// socket that is not shut down, or that still holds data behind the empty datagram, was a notification;
+    /// only a shut-down socket with nothing queued is the end (an empty notification sent right before the
+    /// close cannot be told apart from it and is dropped).
     func startSocket(fd: Int32) {
         let flags = fcntl(fd, F_GETFL)
         if flags >= 0 { _ = fcntl(fd, F_SETFL, flags | O_NONBLOCK) }
@@ -82,6 +91,10 @@ final class NotifySession: Sendable {
                 let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
                 if n > 0 {
                     self.continuation.yield(Array(buffer[0..<n]))
+                    continue
+                }
+                if n == 0, !Self.isShutDown(fd) || Self.bytesQueued(fd) > 0 {
+                    self.continuation.yield([])
                     continue
                 }
                 if n < 0 {
@@ -99,36 +112,87 @@ final class NotifySession: Sendable {
         source.resume()
     }
 
+    /// Linux's POLLRDHUP (peer shut down writing); Glibc only declares it under _GNU_SOURCE.
+    private static let pollReadHangUp: Int16 = 0x2000
+
+    /// True when the peer closed or shut down its end.
+    private static func isShutDown(_ fd: Int32) -> Bool {
+        var p = pollfd(fd: fd, events: Int16(POLLIN) | pollReadHangUp, revents: 0)
+        guard poll(&p, 1, 0) >= 0 else { return true }
+        return p.revents & (Int16(POLLHUP) | pollReadHangUp | Int16(POLLERR)) != 0
+    }
+
+    /// Bytes waiting in the socket's receive queue (all datagrams, for SOCK_SEQPACKET).
+    private static func bytesQueued(_ fd: Int32) -> Int32 {
+        var count: Int32 = 0
+        guard ioctl(fd, UInt(FIONREAD), &count) == 0 else { return 0 }
+        return count
+    }
+
     private func socketClosed() {
         let source = state.withLock { s -> (any DispatchSourceRead)? in
             defer { s.source = nil }
             return s.source
         }
         source?.cancel()
+        // The socket closes just before Connected=false on a disconnect: give the disconnect a moment to be told.
+        endUnlessDisconnecting(
+            "bluetoothd closed the notification socket while the device stayed connected (another client's "
+                + "StopNotify, Service Changed, or the peripheral's own doing)", grace: .seconds(1))
+    }
+
+    /// Ends the stream because BlueZ stopped this subscription, unless the connection ends within `grace`: then it
+    /// ends with that disconnection (a disconnect, or an adapter going away, also closes sockets and removes
+    /// objects, a moment before it is told). The wait is cancellable, so the cap really ends the group.
+    func endUnlessDisconnecting(_ reason: String, grace: Duration) {
         Task { [weak self] in
-            guard let self else { return }
-            // The socket closes just before Connected=false: give the disconnect a moment to be told why.
-            var reason = self.peripheral?.disconnection
-            if reason == nil, let p = self.peripheral {
-                let r = await withTaskGroup(of: BlueZDisconnectReason?.self) { group in
-                    group.addTask { await p.waitForDisconnection() }
+            let peripheral = self?.peripheral
+            var ended = peripheral?.disconnection
+            if ended == nil, let p = peripheral {
+                ended = await withTaskGroup(of: BlueZDisconnectReason?.self) { group in
+                    group.addTask { await p.disconnectionUnlessCancelled() }
                     group.addTask {
-                        try? await Task.sleep(for: .seconds(1))
+                        try? await Task.sleep(for: grace)
                         return nil
                     }
                     let first = await group.next() ?? nil
                     group.cancelAll()
                     return first
                 }
-                reason = r
             }
-            let final =
-                reason
-                ?? BlueZDisconnectReason(
-                    kind: .unknown, message: "bluetoothd closed the notification socket", requested: false)
+            guard let self else { return }
             self.peripheral?.unregister(self)
-            self.end(.disconnected(device: self.label, reason: final))
+            if let ended {
+                self.end(.disconnected(device: self.label, reason: ended))
+            } else {
+                self.endWhileConnected(reason)
+            }
         }
+    }
+
+    /// Ends the stream with `notificationsEnded`: BlueZ stopped this subscription while the link stayed up.
+    func endWhileConnected(_ reason: String) {
+        // Already over (stopped by the consumer, or ended by the disconnection): nothing to report.
+        guard !state.withLock({ $0.ended }) else { return }
+        peripheral?.unregister(self)
+        let uuid = shortUUID(characteristic.uuid)
+        peripheral?.client.logger.warning(
+            "device \(label): notifications from \(uuid) ended: \(reason)", ["ble.address": label.address])
+        end(.notificationsEnded(device: label, characteristic: uuid, reason: reason))
+    }
+
+    /// `Notifying` changed in the mirror (StartNotify mode). `false` after our session was confirmed means BlueZ
+    /// dropped it; a `false` before that can be a late signal about a session that ended earlier.
+    func notifyingChanged(_ notifying: Bool) {
+        let ended = state.withLock { s -> Bool in
+            guard s.startNotify, !s.ended else { return false }
+            if notifying {
+                s.confirmed = true
+                return false
+            }
+            return s.confirmed
+        }
+        if ended { endWhileConnected("BlueZ ended the notify session (Notifying became false)") }
     }
 
     /// Ends the stream (once): normally when `error` is nil.

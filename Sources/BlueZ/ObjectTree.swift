@@ -21,8 +21,11 @@ enum BlueZTreeEvent: Sendable {
     case deviceDisconnected(path: String, reason: String, message: String)
     /// The mirror was replaced by a fresh GetManagedObjects.
     case reloaded
-    /// bluetoothd left the bus; `previous` is the mirror before it was cleared.
-    case daemonLost(previous: BlueZObjectTree)
+    /// bluetoothd left the bus, or the bus connection itself was lost (`busLost`); `previous` is the mirror before
+    /// it was cleared.
+    case daemonLost(previous: BlueZObjectTree, busLost: Bool)
+    /// The bus connection was opened again after it had been lost (bluetoothd may or may not be there).
+    case busRestored
 }
 
 /// The mirror itself: properties by path and interface.

@@ -23,6 +23,10 @@ public struct BlueZDisconnectReason: Sendable, Hashable, CustomStringConvertible
         case bluetoothdStopped
         /// The device left BlueZ's tree.
         case deviceRemoved
+        /// The adapter the device was connected through was removed (unplugged, reset).
+        case adapterRemoved
+        /// The connection to the system bus was lost (dbus-daemon stopped or restarted).
+        case busLost
     }
 
     /// The cause.
@@ -121,8 +125,10 @@ public final class BlueZPeripheral: Sendable {
         var sawConnected: Bool?
         var subscription: UInt64?
         var sessions: [String: NotifySession] = [:]
-        var waiters: [OneShot<BlueZDisconnectReason>] = []
+        var waiters: [ObjectIdentifier: OneShot<BlueZDisconnectReason>] = [:]
         var negotiatedMTU: Int?
+        /// This peripheral called Device1.Connect (so a cancelled connect takes the link down again).
+        var connectIssued = false
     }
     let state = Mutex(State())
 
@@ -135,7 +141,17 @@ public final class BlueZPeripheral: Sendable {
     }
 
     deinit {
-        if let id = state.withLock({ $0.subscription }) { client.unsubscribe(id) }
+        let (subscription, live) = state.withLock { ($0.subscription, $0.connected && $0.disconnection == nil) }
+        if let subscription { client.unsubscribe(subscription) }
+        if live {
+            // Dropped while connected, without disconnect(): the link must not outlive its owner. Nobody is left to
+            // wait for the answer, so the Disconnect goes out without one.
+            var message = DBusMessage.methodCall(
+                destination: BlueZName.service, path: DBusObjectPath(stringLiteral: devicePath),
+                interface: BlueZName.device, method: "Disconnect")
+            message.noReplyExpected = true
+            try? connection.send(message)
+        }
         connection.close()
     }
 
@@ -151,16 +167,40 @@ public final class BlueZPeripheral: Sendable {
     public var disconnection: BlueZDisconnectReason? { state.withLock { $0.disconnection } }
 
     /// Waits until the connection ends and returns why.
+    ///
+    /// Cancellable: when the waiting task is cancelled it returns at once with a reason of kind `.unknown` whose
+    /// message says the wait was cancelled (check `isConnected`); use `disconnectionReason()` to get a thrown
+    /// `BlueZError.cancelled` instead.
     public func waitForDisconnection() async -> BlueZDisconnectReason {
+        if let reason = await disconnectionUnlessCancelled() { return reason }
+        return disconnection
+            ?? BlueZDisconnectReason(kind: .unknown, message: "the wait for the disconnection was cancelled")
+    }
+
+    /// Waits until the connection ends and returns why.
+    /// - Throws: `BlueZError.cancelled` when the waiting task is cancelled first (the connection may still be up).
+    public func disconnectionReason() async throws(BlueZError) -> BlueZDisconnectReason {
+        if let reason = await disconnectionUnlessCancelled() { return reason }
+        throw .cancelled(operation: "device \(label): waiting for the disconnection")
+    }
+
+    /// The reason once the connection ends; nil when the waiting task is cancelled (its waiter is dropped).
+    func disconnectionUnlessCancelled() async -> BlueZDisconnectReason? {
         let shot = OneShot<BlueZDisconnectReason>()
+        let key = ObjectIdentifier(shot)
         let already = state.withLock { s -> BlueZDisconnectReason? in
             if let d = s.disconnection { return d }
-            s.waiters.append(shot)
+            s.waiters[key] = shot
             return nil
         }
         if let already { return already }
-        return await shot.value()
+        let reason = await shot.value()
+        if reason == nil { _ = state.withLock { $0.waiters.removeValue(forKey: key) } }
+        return reason
     }
+
+    /// The number of tasks waiting for the disconnection (tests check that cancelled waits do not linger).
+    var disconnectionWaiterCount: Int { state.withLock { $0.waiters.count } }
 
     /// The ATT MTU: from AcquireNotify when one was done, else the largest characteristic `MTU` property.
     public var mtu: Int? {
@@ -194,15 +234,52 @@ public final class BlueZPeripheral: Sendable {
                         signalReason: signal?.reason, message: signal?.message, requested: requested))
             }
         case .propertiesChanged(let p, BlueZName.characteristic, let changed, _):
-            guard let value = changed["Value"]?.bytes else { return }
-            let session = state.withLock { $0.sessions[p] }
-            session?.deliver(value)
+            guard let session = state.withLock({ $0.sessions[p] }) else { return }
+            if let value = changed["Value"]?.bytes { session.deliver(value) }
+            if let notifying = changed["Notifying"]?.bool, disconnection == nil,
+                tree.device(at: devicePath)?.connected == true
+            {
+                session.notifyingChanged(notifying)
+            }
+        case .interfacesRemoved(let p, let names, _) where names.contains(BlueZName.characteristic):
+            guard let session = state.withLock({ $0.sessions[p] }) else { return }
+            session.endUnlessDisconnecting(
+                "the characteristic left BlueZ's object tree (Service Changed)", grace: .milliseconds(500))
         case .interfacesRemoved(let p, let names, _) where p == devicePath && names.contains(BlueZName.device):
-            finish(BlueZDisconnectReason(kind: .deviceRemoved, message: "the device left BlueZ's object tree"))
-        case .daemonLost:
-            finish(BlueZDisconnectReason(kind: .bluetoothdStopped, message: "bluetoothd left the bus"))
+            deviceRemoved()
+        case .interfacesRemoved(let p, let names, _) where p == adapterPath && names.contains(BlueZName.adapter):
+            finish(adapterGone)
+        case .daemonLost(_, let busLost):
+            if busLost {
+                finish(BlueZDisconnectReason(kind: .busLost, message: "the connection to the system bus was lost"))
+            } else {
+                finish(BlueZDisconnectReason(kind: .bluetoothdStopped, message: "bluetoothd left the bus"))
+            }
         default:
             return
+        }
+    }
+
+    private var adapterGone: BlueZDisconnectReason {
+        let name = adapterPath.split(separator: "/").last.map(String.init) ?? adapterPath
+        return BlueZDisconnectReason(kind: .adapterRemoved, message: "adapter \(name) removed")
+    }
+
+    /// The device left the tree. When its adapter is going away, bluetoothd removes the devices first and the
+    /// adapter right after: give the adapter's removal a moment to arrive, so the reason names the real cause.
+    private func deviceRemoved() {
+        let client = self.client
+        let adapterPath = self.adapterPath
+        Task { [weak self] in
+            let adapterGone = await client.wait(timeout: .milliseconds(250)) { _, tree in
+                tree.adapter(at: adapterPath) == nil ? true : nil
+            }
+            guard let self else { return }
+            if adapterGone == true {
+                self.finish(self.adapterGone)
+            } else {
+                self.finish(BlueZDisconnectReason(kind: .deviceRemoved, message: "the device left BlueZ's object tree"))
+            }
         }
     }
 
@@ -215,8 +292,8 @@ public final class BlueZPeripheral: Sendable {
             s.disconnection = reason
             let sessions = Array(s.sessions.values)
             s.sessions = [:]
-            let waiters = s.waiters
-            s.waiters = []
+            let waiters = Array(s.waiters.values)
+            s.waiters = [:]
             defer { s.subscription = nil }
             return (s.connected, sessions, waiters, s.subscription)
         }
@@ -232,7 +309,9 @@ public final class BlueZPeripheral: Sendable {
                 client.logger.warning("device \(label): connection lost (\(final))", ["ble.address": label.address])
             }
         }
-        connection.close()
+        // Joining the connection's thread blocks: do it off this (often cooperative) thread.
+        let connection = self.connection
+        Task { await connection.closeAndWait() }
     }
 
     /// Connects, retrying and waiting as BLUEZ.md describes, until services are resolved.
@@ -241,17 +320,23 @@ public final class BlueZPeripheral: Sendable {
         var retries = 0
         let log = client.logger.with(["ble.address": label.address])
         while true {
+            if Task.isCancelled { throw await cancelled(log) }
             guard let device = client.tree.device(at: devicePath) else {
                 throw .deviceNotFound(device: label, failure: nil)
             }
             if !(device.connected && device.servicesResolved) {
-                state.withLock { $0.sawConnected = nil }
+                var linkUp = false
+                state.withLock {
+                    $0.sawConnected = nil
+                    $0.connectIssued = true
+                }
                 log.debug("device \(label): Connect()")
                 do {
                     _ = try await connection.call(
                         destination: BlueZName.service, path: path, interface: BlueZName.device, method: "Connect",
                         timeout: max(deadline.remaining, .milliseconds(1)))
                 } catch {
+                    if error.name == DBusError.cancelled || Task.isCancelled { throw await cancelled(log) }
                     // The device left BlueZ's tree while Connect() was pending (a broadcaster dropped when scanning
                     // stopped, an expired device): `finish` closed our connection, so the call failed with
                     // Disconnected. Whatever the failure, a device that is gone is "not found".
@@ -274,7 +359,12 @@ public final class BlueZPeripheral: Sendable {
                     case "org.bluez.Error.InProgress":
                         if deadline.expired { break }
                         log.debug("device \(label): Connect() in progress elsewhere; retrying")
-                        await nap(.milliseconds(100))
+                        // Another client's connect may resolve services meanwhile: then the loop takes it as is.
+                        let path = devicePath
+                        _ = await client.wait(timeout: .milliseconds(100)) { _, tree -> Bool? in
+                            guard let d = tree.device(at: path) else { return true }
+                            return d.connected && d.servicesResolved ? true : nil
+                        }
                         continue
                     case DBusError.noReply, DBusError.timedOut:
                         await cancelConnect(log)
@@ -283,14 +373,22 @@ public final class BlueZPeripheral: Sendable {
                         throw .adapterUnavailable(
                             adapter: adapterPath.split(separator: "/").last.map(String.init) ?? adapterPath,
                             reason: "powered off (\(error.message))")
+                    case "org.bluez.Error.AlreadyConnected",
+                        "org.bluez.Error.Failed" where error.message == "le-connection-already-connected":
+                        // The link is up already (another client, or a connection the controller kept): what is
+                        // left is the same wait for ServicesResolved, which may well be true by now.
+                        log.debug("device \(label): Connect(): \(BlueZDBusFailure(error)); waiting for services")
+                        linkUp = true
                     default:
                         break
                     }
-                    if deadline.expired {
-                        await cancelConnect(log)
-                        throw .timeout(device: label, operation: "connect", seconds: deadline.total.seconds)
+                    if !linkUp {
+                        if deadline.expired {
+                            await cancelConnect(log)
+                            throw .timeout(device: label, operation: "connect", seconds: deadline.total.seconds)
+                        }
+                        throw .connectionFailed(device: label, reason: error.message, failure: .init(error))
                     }
-                    throw .connectionFailed(device: label, reason: error.message, failure: .init(error))
                 }
             }
             // Connect() returns before service discovery on LE: wait for ServicesResolved, or a drop.
@@ -317,9 +415,11 @@ public final class BlueZPeripheral: Sendable {
                 }
                 if cameBack == true { outcome = .resolved }
             }
+            if Task.isCancelled { throw await cancelled(log) }
             switch outcome {
             case .resolved:
                 await settleServices(deadline)
+                if Task.isCancelled { throw await cancelled(log) }
                 state.withLock { $0.connected = true }
                 if let d = client.tree.device(at: devicePath), !d.connected {
                     // Dropped between the wait and now.
@@ -398,9 +498,21 @@ public final class BlueZPeripheral: Sendable {
     private func cancelConnect(_ log: BlueZLogger) async {
         log.debug("device \(label): cancelling the pending connect (Disconnect)")
         state.withLock { $0.disconnectRequested = true }
-        _ = try? await connection.call(
-            destination: BlueZName.service, path: path, interface: BlueZName.device, method: "Disconnect",
-            timeout: .seconds(5))
+        // In a task of its own: when the connect was cancelled, a call from the cancelled task would be cancelled
+        // before it went out, and BlueZ would keep the Connect() pending (answering InProgress to the next one).
+        let (connection, path) = (self.connection, self.path)
+        await Task {
+            _ = try? await connection.call(
+                destination: BlueZName.service, path: path, interface: BlueZName.device, method: "Disconnect",
+                timeout: .seconds(5))
+        }.value
+    }
+
+    /// The connect was cancelled by its caller: cancel it on BlueZ too and say so (not a connection failure).
+    private func cancelled(_ log: BlueZLogger) async -> BlueZError {
+        // Only a link this attempt asked for is taken down (not one another client holds).
+        if state.withLock({ $0.connectIssued }) { await cancelConnect(log) }
+        return .cancelled(operation: "device \(label): connect")
     }
 
     /// Disconnects on purpose: stops notifications (StopNotify, closing acquired sockets), calls
@@ -633,7 +745,7 @@ extension BlueZClient {
     public func connect(_ device: BlueZDevice, options: BlueZConnectOptions = BlueZConnectOptions())
         async throws(BlueZError) -> BlueZPeripheral
     {
-        let connection = try Self.openConnection(bus)
+        let connection = try await Self.openConnectionOffPool(bus)
         let peripheral = BlueZPeripheral(client: self, device: device, connection: connection)
         peripheral.startTracking()
         do {

@@ -3,49 +3,59 @@ import Synchronization
 
 /// A value delivered exactly once; later `complete` calls are ignored. Any number of tasks may await `value()`,
 /// before or after the value arrives (a second waiter used to be left suspended forever).
+///
+/// A wait is cancellable: when the waiting task is cancelled, `value()` returns nil at once and its waiter is
+/// dropped, so nothing stays suspended (a task group around it can finish, a timer racing it can win).
 final class OneShot<T: Sendable>: Sendable {
-    private enum State {
-        case pending([CheckedContinuation<T, Never>])
-        case completed(T)
+    private struct State {
+        var value: T?
+        var waiters: [UInt64: CheckedContinuation<T?, Never>] = [:]
+        var nextID: UInt64 = 0
     }
-    private let state = Mutex<State>(.pending([]))
+    private let state = Mutex<State>(State())
 
     init() {}
 
     /// Delivers `value` if nothing was delivered yet. Returns true when this call won.
     @discardableResult
     func complete(_ value: T) -> Bool {
-        let waiters: [CheckedContinuation<T, Never>]? = state.withLock { state in
-            guard case .pending(let waiters) = state else { return nil }
-            state = .completed(value)
-            return waiters
+        let waiters: [CheckedContinuation<T?, Never>]? = state.withLock { state in
+            guard state.value == nil else { return nil }
+            state.value = value
+            defer { state.waiters = [:] }
+            return Array(state.waiters.values)
         }
         guard let waiters else { return false }
         for waiter in waiters { waiter.resume(returning: value) }
         return true
     }
 
-    var isCompleted: Bool {
-        state.withLock {
-            if case .completed = $0 { return true }
-            return false
-        }
-    }
+    var isCompleted: Bool { state.withLock { $0.value != nil } }
 
-    /// Waits for the value (returns at once when it is already there).
-    func value() async -> T {
-        await withCheckedContinuation { (c: CheckedContinuation<T, Never>) in
-            let ready: T? = state.withLock { state in
-                switch state {
-                case .completed(let v):
-                    return v
-                case .pending(var waiters):
-                    waiters.append(c)
-                    state = .pending(waiters)
-                    return nil
+    /// The number of tasks suspended in `value()` (for tests: a cancelled wait must not linger).
+    var waiterCount: Int { state.withLock { $0.waiters.count } }
+
+    /// Waits for the value (returns at once when it is already there); nil when the waiting task is cancelled.
+    func value() async -> T? {
+        let id = state.withLock { state -> UInt64 in
+            state.nextID += 1
+            return state.nextID
+        }
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { (c: CheckedContinuation<T?, Never>) in
+                // Under the lock, so that a cancellation handler running at the same time either sees this waiter
+                // or has already set the flag read here.
+                let ready: (T?, Bool) = state.withLock { state in
+                    if let v = state.value { return (v, true) }
+                    if Task.isCancelled { return (nil, true) }
+                    state.waiters[id] = c
+                    return (nil, false)
                 }
+                if ready.1 { c.resume(returning: ready.0) }
             }
-            if let ready { c.resume(returning: ready) }
+        } onCancel: {
+            let waiter = state.withLock { $0.waiters.removeValue(forKey: id) }
+            waiter?.resume(returning: nil)
         }
     }
 }

@@ -50,7 +50,16 @@ extension BlueZSimulator {
         }
         let abort = takeFault(d, [.abortByLocal])
         let early = takeFault(d, [.servicesResolvedEarly])
-        if abort != nil || early != nil { count("faults_fired") }
+        let already = takeFault(d, [.alreadyConnected])
+        if abort != nil || early != nil || already != nil { count("faults_fired") }
+        // The reply to a Connect() that brings the link up.
+        let answer: @Sendable (DBusPendingReply) -> Void = { reply in
+            if already != nil {
+                reply.fail(Self.bluezError("Failed", "le-connection-already-connected"))
+            } else {
+                reply.succeed()
+            }
+        }
         guard d.spec.connectable else {
             after(max(d.spec.connectDelay, 0.2)) { [weak self] in
                 guard let self, d.linkGeneration == generation, case .connecting(let reply, _) = d.link else { return }
@@ -80,10 +89,26 @@ extension BlueZSimulator {
                 return
             }
             self.count("connects")
-            reply.succeed()
-            self.after(d.spec.servicesDelay) { [weak self] in
-                guard let self, d.linkGeneration == generation, d.isConnected else { return }
-                self.resolveServices(d, early: early != nil)
+            // A reconnect with the GATT cache (bluetoothd skips discovery) may resolve services before replying.
+            let order = d.gattExported && early == nil ? d.spec.servicesResolved : .afterReply
+            switch order {
+            case .withConnected, .beforeReply:
+                if order == .beforeReply { server.flush() }
+                self.resolveServices(d, early: false)
+                server.flush()
+                self.after(d.spec.servicesDelay) { [weak self] in
+                    guard self != nil else { return }
+                    guard d.linkGeneration == generation, d.isConnected else {
+                        return reply.fail(Self.bluezError("Failed", "br-connection-canceled"))
+                    }
+                    answer(reply)
+                }
+            case .afterReply, .kept:
+                answer(reply)
+                self.after(d.spec.servicesDelay) { [weak self] in
+                    guard let self, d.linkGeneration == generation, d.isConnected else { return }
+                    self.resolveServices(d, early: early != nil)
+                }
             }
         }
     }
@@ -171,7 +196,7 @@ extension BlueZSimulator {
             if c.writeSocket != nil { releaseWriteSocket(d, c) }
         }
         let iface = "org.bluez.Device1"
-        if d.servicesResolved {
+        if d.servicesResolved, d.spec.servicesResolved != .kept {
             server.setProperty(at: d.path, interface: iface, "ServicesResolved", .boolean(false))
         }
         d.servicesResolved = false

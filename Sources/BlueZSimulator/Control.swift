@@ -37,6 +37,12 @@ extension BlueZSimulator {
                     "PushNotification", in: "ssay", argumentNames: ["address", "uuid", "value"],
                     handler: onQueue { $0.pushNotification($1) }),
                 DBusMethodSpec(
+                    "EndNotify", in: "ss", argumentNames: ["address", "uuid"],
+                    handler: onQueue { $0.endNotify($1) }),
+                DBusMethodSpec(
+                    "ServiceChanged", in: "s", argumentNames: ["address"],
+                    handler: onQueue { $0.serviceChanged($1) }),
+                DBusMethodSpec(
                     "SetNotificationRate", in: "ssd", argumentNames: ["address", "uuid", "hz"],
                     handler: onQueue { $0.setNotificationRate($1) }),
                 DBusMethodSpec(
@@ -49,7 +55,16 @@ extension BlueZSimulator {
                     "Disconnect", in: "ss", argumentNames: ["address", "reason"],
                     handler: onQueue { $0.remoteDisconnect($1) }),
                 DBusMethodSpec(
+                    "RemoveAdapter", in: "s", argumentNames: ["adapter"],
+                    handler: onQueue { $0.removeAdapter($1) }),
+                DBusMethodSpec(
+                    "AddAdapter", in: "s", out: "o", argumentNames: ["adapter"], resultNames: ["path"],
+                    handler: onQueue { $0.addAdapter($1) }),
+                DBusMethodSpec(
                     "RestartDaemon", in: "d", argumentNames: ["seconds"],
+                    handler: onQueue { $0.restartDaemon($1) }),
+                DBusMethodSpec(
+                    "RestartDaemonSlowly", in: "dd", argumentNames: ["seconds", "exportDelay"],
                     handler: onQueue { $0.restartDaemon($1) }),
                 DBusMethodSpec(
                     "GetWrites", in: "s", out: "a(says)", argumentNames: ["address"],
@@ -186,6 +201,41 @@ extension BlueZSimulator {
         call.reply.succeed()
     }
 
+    /// bluetoothd ends every notification subscription of a characteristic while the link stays up (another
+    /// client's StopNotify on an acquired characteristic, Service Changed): the AcquireNotify socket is closed
+    /// (`NotifyAcquired` false) and the StartNotify sessions are dropped (`Notifying` false).
+    func endNotify(_ call: DBusMethodCall) {
+        guard let (d, c) = controlCharacteristic(call) else { return }
+        guard c.notifySocket != nil || !c.sessions.isEmpty else {
+            return call.reply.fail(Self.bluezError("Failed", "No notify session started"))
+        }
+        count("notify_ended")
+        if c.notifySocket != nil { releaseNotifySocket(d, c) }
+        for sender in c.sessions { removeNotifySession(d, c, sender) }
+        call.reply.succeed()
+    }
+
+    /// A Service Changed indication from the connected peripheral covering its whole database: bluetoothd drops
+    /// the notify subscriptions and removes every service object, then exports the database again ~50 ms later.
+    func serviceChanged(_ call: DBusMethodCall) {
+        guard let d = controlDevice(call) else { return }
+        guard d.isConnected, d.gattExported else { return call.reply.fail(Self.notConnectedFailed) }
+        count("service_changes")
+        for c in d.characteristics {
+            c.timer?.cancel()
+            c.timer = nil
+            if c.notifySocket != nil { releaseNotifySocket(d, c) }
+            c.sessions = []
+        }
+        unexportGATT(d)
+        call.reply.succeed()
+        let generation = d.linkGeneration
+        after(0.05) { [weak self] in
+            guard let self, d.linkGeneration == generation, d.isConnected else { return }
+            self.exportGATT(d)
+        }
+    }
+
     func setNotificationRate(_ call: DBusMethodCall) {
         guard let (d, c) = controlCharacteristic(call) else { return }
         guard call.arguments.count == 3, let hz = call.arguments[2].double, hz.isFinite, hz >= 0, hz <= 100_000 else {
@@ -267,8 +317,95 @@ extension BlueZSimulator {
         call.reply.succeed()
     }
 
+    /// The controller goes away (unplugged, `hciconfig down` of a USB dongle that resets): its devices vanish with
+    /// their GATT objects (links dropped, sockets shut, pending Connect() calls failed), then the adapter object.
+    func removeAdapter(_ call: DBusMethodCall) {
+        guard let id = call.arguments.first?.string else { return call.reply.fail(Self.invalidArguments) }
+        guard let a = adapters.first(where: { $0.spec.id == id || $0.path.rawValue == id }) else {
+            return call.reply.fail(Self.bluezError("DoesNotExist", "No adapter \(id)"))
+        }
+        for d in devices where d.adapterID == a.spec.id {
+            if case .connecting(let pending, _) = d.link {
+                pending.fail(Self.bluezError("Failed", "le-connection-abort-by-local"))
+            }
+            d.link = .disconnected
+            d.linkGeneration += 1
+            d.advertisementGeneration += 1
+            for c in d.characteristics {
+                c.timer?.cancel()
+                c.timer = nil
+                if c.notifySocket != nil { releaseNotifySocket(d, c) }
+                if c.writeSocket != nil { releaseWriteSocket(d, c) }
+            }
+            unexportDevice(d)
+        }
+        a.sessions = []
+        a.filters = [:]
+        server?.removeObject(at: a.path)
+        adapters.removeAll { $0 === a }
+        removedAdapters.removeAll { $0.address == a.spec.address }
+        removedAdapters.append(a.spec)
+        count("adapters_removed")
+        call.reply.succeed()
+    }
+
+    /// An adapter appears (`{id, address, name, powered}` as in the scenario). When its address is that of a removed
+    /// adapter it takes over that adapter's peripherals, under the new name if it has one.
+    func addAdapter(_ call: DBusMethodCall) {
+        guard let text = call.arguments.first?.string else { return call.reply.fail(Self.invalidArguments) }
+        let spec: SimAdapterSpec
+        do {
+            let m = try ScenarioReader.mapping(
+                try YAMLParser.parse(text), "adapter", allowed: ["id", "address", "name", "powered"])
+            guard let id = try ScenarioReader.string(m["id"], "adapter.id"), id.hasPrefix("hci"),
+                Int(id.dropFirst(3)) != nil
+            else {
+                throw ScenarioError(path: "adapter.id", reason: "is required and must be an adapter name like hci0")
+            }
+            spec = SimAdapterSpec(
+                id: id, address: try ScenarioReader.mac(m["address"], "adapter.address"),
+                name: try ScenarioReader.string(m["name"], "adapter.name") ?? "bluez-sim",
+                powered: try ScenarioReader.bool(m["powered"], "adapter.powered", default: true))
+        } catch let error as ScenarioError {
+            return call.reply.fail(Self.bluezError("InvalidArguments", error.description))
+        } catch {
+            return call.reply.fail(Self.bluezError("InvalidArguments", "adapter: \(error)"))
+        }
+        guard !adapters.contains(where: { $0.spec.id == spec.id || $0.spec.address == spec.address }) else {
+            return call.reply.fail(Self.alreadyExists)
+        }
+        let a = SimAdapter(spec: spec)
+        adapters.append(a)
+        adapters.sort { $0.path.rawValue < $1.path.rawValue }
+        server?.addInterfaces(at: a.path, adapterInterfaces(a))
+        if let old = removedAdapters.first(where: { $0.address == spec.address }) {
+            removedAdapters.removeAll { $0.address == spec.address }
+            let now = monotonicSeconds()
+            devices = devices.map { d in
+                guard d.adapterID == old.id, old.id != spec.id else { return d }
+                var moved = d.spec
+                moved.adapter = spec.id
+                return SimDevice(spec: moved, adapterPath: a.path, now: now)
+            }
+        }
+        for d in devices where d.adapterID == spec.id && d.spec.paired && !d.exported {
+            d.paired = true
+            d.temporary = false
+            d.adv.name = d.spec.name
+            d.adv.uuids = d.spec.serviceUUIDs.map(\.string)
+            exportDevice(d)
+        }
+        count("adapters_added")
+        call.reply.succeed([.objectPath(a.path)])
+    }
+
     func restartDaemon(_ call: DBusMethodCall) {
         guard let seconds = call.arguments.first?.double, seconds.isFinite, seconds >= 0, seconds <= 3600 else {
+            return call.reply.fail(Self.invalidArguments)
+        }
+        // RestartDaemonSlowly: own org.bluez `exportDelay` seconds before exporting anything.
+        let exportDelay = call.arguments.count > 1 ? (call.arguments[1].double ?? -1) : 0
+        guard exportDelay.isFinite, exportDelay >= 0, exportDelay <= 3600 else {
             return call.reply.fail(Self.invalidArguments)
         }
         count("restarts")
@@ -281,7 +418,7 @@ extension BlueZSimulator {
             self.queue.asyncAfter(deadline: simDeadline(seconds)) { [weak self] in
                 Task { [weak self] in
                     guard let self else { return }
-                    do { try await self.start() } catch {
+                    do { try await self.start(exportDelay: exportDelay) } catch {
                         printError("bluez-sim: restart failed: \(error)")
                         self.stop()
                     }

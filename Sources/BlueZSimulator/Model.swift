@@ -20,6 +20,9 @@ struct SimFault: Sendable {
         case writeError = "write-error"
         /// On the next connect, ServicesResolved=true arrives before the GATT objects are exported.
         case servicesResolvedEarly = "services-resolved-early"
+        /// The link comes up and services resolve as usual, but `Connect` fails
+        /// `org.bluez.Error.Failed "le-connection-already-connected"` (the controller already had the connection).
+        case alreadyConnected = "connect-already-connected"
     }
     var kind: Kind
     /// Remaining uses; 0 = until cleared.

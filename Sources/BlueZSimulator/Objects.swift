@@ -59,10 +59,12 @@ extension BlueZSimulator {
                 if name == "Powered", let on = value.bool {
                     // Set handlers run on the loop too.
                     do {
+                        let was = a.powered
                         a.powered = on
                         self.server?.setProperty(
                             at: a.path, interface: "org.bluez.Adapter1", "PowerState",
                             .string(on ? "on" : "off"))
+                        if was, !on { self.poweredOff(a) }
                     }
                 }
                 return nil
@@ -134,6 +136,15 @@ extension BlueZSimulator {
                 ]
             ),
         ]
+    }
+
+    /// Powering off (adapter_stop): links drop and every discovery session ends (Discovering false, temporary
+    /// broadcasters removed); clients must StartDiscovery again once it is back on.
+    func poweredOff(_ a: SimAdapter) {
+        for d in devices where d.adapterID == a.spec.id && d.isConnected {
+            linkDown(d, reason: ("org.bluez.Reason.Local", "Connection terminated by local host"))
+        }
+        for sender in a.sessions { endSession(a, sender) }
     }
 
     func exportRoot() {

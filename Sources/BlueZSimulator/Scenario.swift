@@ -127,6 +127,22 @@ public struct SimServiceSpec: Sendable, Equatable {
     public var characteristics: [SimCharacteristicSpec]
 }
 
+/// The order of `ServicesResolved` against `Connected` and the `Connect()` reply on a reconnect whose GATT database
+/// bluetoothd has cached (the DB hash matched, so it skips discovery). A first connect always uses `afterReply`.
+public enum SimServicesResolvedOrder: String, Sendable, Hashable, CaseIterable {
+    /// `Connected: true`, the reply, then (after the services delay) `{UUIDs, ServicesResolved: true}`.
+    case afterReply = "after-reply"
+    /// One `PropertiesChanged {Connected: true, UUIDs, ServicesResolved: true}`, then (after the services delay)
+    /// the reply.
+    case withConnected = "with-connected"
+    /// `Connected: true`, then `ServicesResolved: true` in a signal of its own, then (after the services delay) the
+    /// reply.
+    case beforeReply = "before-reply"
+    /// `ServicesResolved` is not reset on disconnect: it stays true while `Connected` toggles, so a reconnect
+    /// signals only `Connected: true` and the reply.
+    case kept
+}
+
 /// One simulated peripheral.
 public struct SimPeripheralSpec: Sendable, Equatable {
     /// The device address, upper-case.
@@ -167,6 +183,8 @@ public struct SimPeripheralSpec: Sendable, Equatable {
     public var gatt: [SimServiceSpec]
     /// Paired and bonded before start-up: the device object exists from the start (no RSSI) like BlueZ's cache.
     public var paired: Bool = false
+    /// How `ServicesResolved` arrives on a reconnect with the GATT cache.
+    public var servicesResolved: SimServicesResolvedOrder = .afterReply
 
     /// Equality over the fields tests compare (tuples are not Equatable).
     public static func == (a: SimPeripheralSpec, b: SimPeripheralSpec) -> Bool {
@@ -403,7 +421,7 @@ enum ScenarioReader {
     static let peripheralKeys: Set<String> = [
         "address", "address_type", "adapter", "name", "appearance", "rssi", "rssi_jitter", "tx_power",
         "advertising_interval", "connectable", "advertising", "service_uuids", "manufacturer_data", "service_data",
-        "delays", "gatt", "paired",
+        "delays", "gatt", "paired", "services_resolved",
     ]
 
     static func peripheral(_ node: YAMLNode, path: String, defaultAdapter: String) throws(E) -> SimPeripheralSpec {
@@ -445,6 +463,13 @@ enum ScenarioReader {
             let ip = "\(path).service_data[\(i)]"
             let m = try mapping(item, ip, allowed: ["uuid", "value", "sequence", "period"])
             spec.serviceData.append((try uuid(m["uuid"], ip + ".uuid"), try sequence(m, ip)))
+        }
+        if let text = try string(p["services_resolved"], path + ".services_resolved") {
+            guard let order = SimServicesResolvedOrder(rawValue: text) else {
+                let known = SimServicesResolvedOrder.allCases.map(\.rawValue).joined(separator: ", ")
+                throw E(path: path + ".services_resolved", reason: "\"\(text)\" is not one of \(known)")
+            }
+            spec.servicesResolved = order
         }
         if let d = p["delays"] {
             let dp = path + ".delays"

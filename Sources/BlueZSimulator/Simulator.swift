@@ -49,6 +49,8 @@ public final class BlueZSimulator: @unchecked Sendable {
     var monitors: [SimMonitor] = []
     /// Registered monitor applications (owner, root), with or without monitors yet.
     var monitorApps: [(owner: String, root: DBusObjectPath)] = []
+    /// Adapters taken away with RemoveAdapter; one added back with the same address takes their peripherals.
+    var removedAdapters: [SimAdapterSpec] = []
     var counters: [String: Int] = [:]
     private let lost = Mutex<[CheckedContinuation<Void, Never>]?>([])
     private let stopRequested = Mutex(false)
@@ -67,9 +69,24 @@ public final class BlueZSimulator: @unchecked Sendable {
     /// Connects, exports the objects and owns `org.bluez`.
     /// - Throws: `SimulatorError` when the bus cannot be reached or the name is taken.
     public func start() async throws(SimulatorError) {
+        try await start(exportDelay: 0)
+    }
+
+    /// `start()`, optionally owning `org.bluez` `exportDelay` seconds before exporting any object (bluetoothd owns
+    /// its name before its ObjectManager answers; meanwhile GetManagedObjects fails with UnknownMethod).
+    func start(exportDelay: Double) async throws(SimulatorError) {
         let connection: DBusConnection
         do { connection = try DBusConnection(bus) } catch {
             throw SimulatorError("cannot connect to the bus: \(error)")
+        }
+        if exportDelay > 0 {
+            do {
+                _ = try await connection.requestName("org.bluez", flags: [.doNotQueue])
+            } catch {
+                connection.close()
+                throw SimulatorError("cannot own org.bluez: \(error)")
+            }
+            try? await Task.sleep(for: .seconds(exportDelay))
         }
         // bluetoothd's gdbus answers Properties errors with its own names (InvalidArgs for an unknown property).
         let server = DBusObjectServer(connection: connection, objectManagerPath: "/", propertyErrors: .bluez)
@@ -197,6 +214,7 @@ public final class BlueZSimulator: @unchecked Sendable {
         }
         monitors = []
         monitorApps = []
+        removedAdapters = []
     }
 
     func tearDownDevices() {

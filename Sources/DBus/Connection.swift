@@ -87,11 +87,12 @@ public final class DBusConnection: Sendable {
             }
             pointer = opened
             dbus_connection_set_exit_on_disconnect(pointer, 0)
-            guard dbus_bus_register(pointer, &error) != 0 else {
-                let failure = DBusError.consume(&error, context: "registering on the bus at \(address)")
+            do throws(DBusError) {
+                try Self.register(pointer, address: address)
+            } catch {
                 dbus_connection_close(pointer)
                 dbus_connection_unref(pointer)
-                throw failure
+                throw error
             }
         } else {
             // No DBUS_SESSION_BUS_ADDRESS: let libdbus find the session bus (XDG_RUNTIME_DIR, autolaunch).
@@ -121,6 +122,50 @@ public final class DBusConnection: Sendable {
     }
 
     deinit { core.shutdown() }
+
+    /// Says `Hello` to the bus and records the unique name it assigns, as `dbus_bus_register` does, but without
+    /// holding libdbus's process-wide bus lock while waiting: libdbus 1.14 keeps that lock across the blocking
+    /// `Hello`, so one bus slow to answer would stall every other connection being opened in the process.
+    private static func register(_ pointer: OpaquePointer, address: String) throws(DBusError) {
+        let context = "registering on the bus at \(address)"
+        guard
+            let hello = dbus_message_new_method_call(
+                "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "Hello")
+        else {
+            throw DBusError(name: DBusError.noMemory, message: "\(context): out of memory")
+        }
+        defer { dbus_message_unref(hello) }
+        var error = CDBus.DBusError.make()
+        guard let reply = dbus_connection_send_with_reply_and_block(pointer, hello, 25_000, &error) else {
+            throw DBusError.consume(&error, context: context)
+        }
+        defer { dbus_message_unref(reply) }
+        let body = try Marshal.decodeBody(reply)
+        guard let name = body.first?.string, name.hasPrefix(":") else {
+            throw DBusError(name: DBusError.failed, message: "\(context): the bus answered Hello with \(body)")
+        }
+        guard dbus_bus_set_unique_name(pointer, name) != 0 else {
+            throw DBusError(name: DBusError.noMemory, message: "\(context): out of memory")
+        }
+    }
+
+    /// Opens a connection like `init(_:)`, doing the blocking work (connect, authenticate, `Hello`) on a thread of
+    /// its own, so that an async caller never holds one of the cooperative pool's few threads while the bus is
+    /// slow to answer.
+    /// - Throws: ``DBusError`` when the bus cannot be reached or refuses the connection.
+    public static func open(_ bus: DBusBus) async throws(DBusError) -> DBusConnection {
+        let result: Result<DBusConnection, DBusError> = await onOwnThread {
+            do throws(DBusError) { return .success(try DBusConnection(bus)) } catch { return .failure(error) }
+        }
+        return try result.get()
+    }
+
+    /// Closes the connection like ``close()``, but joins the I/O thread from a thread of its own and suspends
+    /// until it has exited, instead of blocking the calling thread.
+    public func closeAndWait() async {
+        let core = self.core
+        await onOwnThread { core.shutdown() }
+    }
 
     /// True until the bus goes away or ``close()`` is called.
     public var isConnected: Bool { core.shared.withLock { $0.connected && !$0.stopping } }
@@ -460,5 +505,35 @@ extension DBusMatchRule {
         DBusMatchRule(
             sender: "org.freedesktop.DBus", interface: "org.freedesktop.DBus", member: "NameOwnerChanged",
             path: "/org/freedesktop/DBus", arguments: [0: name])
+    }
+}
+
+/// Work handed to a thread started by `onOwnThread`.
+private final class ThreadWork: @unchecked Sendable {
+    let run: () -> Void
+    init(_ run: @escaping () -> Void) { self.run = run }
+}
+
+/// Runs `body` on a new detached thread and suspends until it returns: for blocking libdbus work called from async
+/// code (the cooperative pool has one thread per core).
+func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
+    await withCheckedContinuation { (continuation: CheckedContinuation<T, Never>) in
+        let context = Unmanaged.passRetained(ThreadWork { continuation.resume(returning: body()) }).toOpaque()
+        var attributes = pthread_attr_t()
+        pthread_attr_init(&attributes)
+        pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
+        defer { pthread_attr_destroy(&attributes) }
+        var thread = pthread_t()
+        let rc = pthread_create(
+            &thread, &attributes,
+            { raw in
+                guard let raw else { return nil }
+                Unmanaged<ThreadWork>.fromOpaque(raw).takeRetainedValue().run()
+                return nil
+            }, context)
+        if rc != 0 {
+            // No thread to be had: do the work here rather than not at all.
+            Unmanaged<ThreadWork>.fromOpaque(context).takeRetainedValue().run()
+        }
     }
 }

@@ -140,10 +140,12 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         let t = try await SimClient()
         let discovery = try await t.client.startDiscovery(
             on: try await t.adapter,
-            filter: BlueZDiscoveryFilter(serviceUUIDs: ["FEAA"], watchdogInterval: .milliseconds(300)))
+            filter: BlueZDiscoveryFilter(
+                serviceUUIDs: ["FEAA"], duplicateData: true, watchdogInterval: .milliseconds(300)))
         _ = try await firstEvent(discovery, timeout: 10) { $0.device.address == beacon ? true : nil }
-        // The beacon's advertisement never changes, so with DuplicateData off BlueZ goes quiet: the watchdog
-        // restarts discovery, which BlueZ answers with fresh RSSI values.
+        // With DuplicateData on every advertisement should be signalled; the beacon has no data to re-signal, so
+        // BlueZ goes quiet and the watchdog takes the silence for a stuck scan and restarts it. (With DuplicateData
+        // off silence is normal and it does not restart: see DiscoveryRestartTests.)
         try await eventually(10, "a watchdog restart") { discovery.restartCount >= 1 }
         try await eventually(10, "discovering again") {
             t.client.adapterState(.name("hci0")).adapter?.discovering == true
@@ -158,6 +160,7 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         let adapter = try await t.adapter
         let discovery = try await t.client.startDiscovery(
             on: adapter, filter: BlueZDiscoveryFilter(watchdogInterval: .milliseconds(200)))
+        _ = try await firstEvent(discovery, timeout: 10) { $0.device.address == beacon ? true : nil }
         try await t.client.setPowered(false, adapter: adapter)
         try await eventually(10, "powered off") { t.client.adapterState(.name("hci0")).adapter?.powered == false }
         try await Task.sleep(for: .milliseconds(300))

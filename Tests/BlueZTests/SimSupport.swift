@@ -70,10 +70,13 @@ final class SimClient: @unchecked Sendable {
     let client: BlueZClient
     let control: DBusConnection
 
-    init(_ scenario: String = testScenario) async throws {
+    /// - Parameter stableAddress: point the client at the bus address without its guid, so that it can reconnect
+    ///   to a dbus-daemon relaunched on the same socket.
+    init(_ scenario: String = testScenario, stableAddress: Bool = false) async throws {
         sim = try await SimulatorFixture.start(scenario: scenario)
         client = try BlueZClient(
-            bus: .address(sim.address), logger: BlueZLogger(handler: TestLogHandler(), level: .debug))
+            bus: .address(stableAddress ? sim.bus.stableAddress : sim.address),
+            logger: BlueZLogger(handler: TestLogHandler(), level: .debug))
         try await client.start(timeout: .seconds(10))
         control = try DBusConnection(.address(sim.address))
     }

@@ -84,3 +84,49 @@ final class PendingReplies: @unchecked Sendable {
     func add(_ reply: DBusPendingReply) { lock.withLock { replies.append(reply) } }
     func all() -> [DBusPendingReply] { lock.withLock { replies } }
 }
+
+@Suite struct BlockingWorkTests {
+    /// With the bus daemon stopped (SIGSTOP), opening a connection blocks in the handshake. More opens than the
+    /// cooperative pool has threads must not starve other async work: each blocks a thread of its own.
+    @Test(.timeLimit(.minutes(1))) func openAndCloseDoNotHoldCooperativeThreads() async throws {
+        let fixture = try await BusFixture()
+        let address = fixture.address
+        fixture.bus.daemon.signal(SIGSTOP)
+        // Whatever happens, let the daemon go on after a while (then the opens complete).
+        let resumeAt = Date().addingTimeInterval(3)
+        DispatchQueue.global().asyncAfter(deadline: .now() + 3) { fixture.bus.daemon.signal(SIGCONT) }
+        let width = ProcessInfo.processInfo.activeProcessorCount + 2
+        let opens = (0..<width).map { _ in
+            Task { try await DBusConnection.open(.address(address)) }
+        }
+        try await Task.sleep(for: .milliseconds(100))
+        // Unrelated async work still runs while the opens are stuck.
+        let ranAt = await Task { Date() }.value
+        #expect(ranAt < resumeAt)
+        var connections: [DBusConnection] = []
+        for open in opens { connections.append(try await open.value) }
+        #expect(connections.allSatisfy { $0.isConnected })
+        for c in connections { await c.closeAndWait() }
+        #expect(connections.allSatisfy { !$0.isConnected })
+    }
+
+    /// libdbus's own registration holds a process-wide lock across the blocking Hello: a bus that does not answer
+    /// would stall every connection opened meanwhile, to any bus.
+    @Test(.timeLimit(.minutes(1))) func aStuckBusDoesNotStallConnectionsToAnother() async throws {
+        let stuck = try await BusFixture()
+        let healthy = try await BusFixture()
+        stuck.bus.daemon.signal(SIGSTOP)
+        DispatchQueue.global().asyncAfter(deadline: .now() + 3) { stuck.bus.daemon.signal(SIGCONT) }
+        let address = stuck.address
+        let blocked = Task { try await DBusConnection.open(.address(address)) }
+        try await Task.sleep(for: .milliseconds(200))
+        let start = ContinuousClock.now
+        let connection = try await DBusConnection.open(.address(healthy.address))
+        #expect(ContinuousClock.now - start < .seconds(1))
+        #expect(connection.uniqueName.hasPrefix(":"))
+        await connection.closeAndWait()
+        let late = try await blocked.value
+        #expect(late.isConnected)
+        await late.closeAndWait()
+    }
+}

@@ -229,6 +229,99 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
         #expect(!rec.all.dropFirst(mark).contains { $0.member == "InterfacesAdded" })
     }
 
+    @Test(arguments: ["after-reply", "with-connected", "before-reply", "kept"])
+    func servicesResolvedOrderOnACachedReconnect(order: String) async throws {
+        let sim = try await SimulatorFixture.start(
+            scenario: """
+                peripherals:
+                  - address: "C0:FF:EE:00:00:09"
+                    services_resolved: \(order)
+                    delays: {connect: 0.01, services: 0.05, disconnect: 0.01}
+                    gatt:
+                      - uuid: "180D"
+                        characteristics:
+                          - {uuid: "2A38", flags: [read], value: "01"}
+                """)
+        defer { sim.stopInBackground() }
+        let path: DBusObjectPath = "/org/bluez/hci0/dev_C0_FF_EE_00_00_09"
+        let c = try Client(sim)
+        try await c.discover(path)
+        try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StopDiscovery")
+        try await c.call(path, "org.bluez.Device1", "Connect")
+        try await c.waitResolved(path)
+        let rec = try await SignalRecorder(c.connection)
+        try await c.call(path, "org.bluez.Device1", "Disconnect")
+        try await rec.wait("disconnected") {
+            $0.contains { SignalRecorder.describe($0) == "PC \(path.rawValue) {Connected}" }
+        }
+        let mark = rec.all.count
+        let reply = try await c.connection.call(
+            .methodCall(destination: "org.bluez", path: path, interface: "org.bluez.Device1", method: "Connect"))
+        try await rec.wait("connected again") {
+            $0.dropFirst(mark).contains {
+                SignalRecorder.describe($0).hasPrefix("PC \(path.rawValue) {")
+                    && SignalRecorder.describe($0).contains("Connected")
+            }
+        }
+        if order == "after-reply" { try await c.waitResolved(path) }
+        let device = rec.all.filter { $0.path == path && $0.member == "PropertiesChanged" }
+        let keys = { (m: DBusMessage) -> Set<String> in
+            Set((m.body.count > 1 ? m.body[1].dictionaryEntries ?? [] : []).compactMap(\.key.string))
+        }
+        let before = device.filter { $0.serial < rec.all[mark].serial }
+        let after = device.filter { $0.serial >= rec.all[mark].serial }
+        let connected = try #require(after.first { keys($0).contains("Connected") })
+        let resolved = after.first { keys($0).contains("ServicesResolved") }
+        switch order {
+        case "after-reply":
+            #expect(connected.serial < reply.serial)
+            #expect(try #require(resolved).serial > reply.serial)
+        case "with-connected":
+            #expect(resolved?.serial == connected.serial)
+            #expect(connected.serial < reply.serial)
+        case "before-reply":
+            #expect(connected.serial < (resolved?.serial ?? 0))
+            #expect((resolved?.serial ?? .max) < reply.serial)
+        default:  // kept: ServicesResolved stays true, only Connected toggles
+            #expect(!before.contains { keys($0).contains("ServicesResolved") })
+            #expect(resolved == nil)
+            #expect(await c.property(path, "org.bluez.Device1", "ServicesResolved")?.bool == true)
+        }
+    }
+
+    @Test func removedAdapterTakesItsDevicesAlongAndComesBackUnderANewName() async throws {
+        let sim = try await demoFixture()
+        defer { sim.stopInBackground() }
+        let c = try Client(sim)
+        try await c.discover(hrPath)
+        try await c.call(hrPath, "org.bluez.Device1", "Connect")
+        try await c.waitResolved(hrPath)
+        let rec = try await SignalRecorder(c.connection)
+        try await c.control("RemoveAdapter", [.string("hci0")])
+        try await rec.wait("adapter removed") { $0.contains { SignalRecorder.describe($0) == "IR /org/bluez/hci0" } }
+        let removed = rec.all.map(SignalRecorder.describe).filter { $0.hasPrefix("IR ") }
+        // Children first: GATT objects, then the device, then the adapter last.
+        #expect(removed.last == "IR /org/bluez/hci0")
+        let device = try #require(removed.firstIndex(of: "IR \(hrPath.rawValue)"))
+        #expect(removed[..<device].allSatisfy { $0.hasPrefix("IR \(hrPath.rawValue)/") })
+        #expect(!(try await c.managedPaths()).contains { $0.hasPrefix("/org/bluez/hci0") })
+        #expect(await c.error("/org/bluez/hci0", "org.bluez.Adapter1", "StartDiscovery")?.name != nil)
+        let added = try await c.control("AddAdapter", [.string("{id: hci1, address: \"00:1A:7D:DA:71:13\"}")])
+        #expect(added.first?.objectPath == "/org/bluez/hci1")
+        #expect(
+            await c.error(
+                "/org/bluez/sim", "io.blebridge.Simulator1", "AddAdapter",
+                [.string("{id: hci1, address: \"00:1A:7D:DA:71:14\"}")])?.name == "org.bluez.Error.AlreadyExists")
+        // The peripherals moved to hci1 with the controller.
+        let moved: DBusObjectPath = "/org/bluez/hci1/dev_A0_9E_1A_4F_2C_11"
+        try await c.call("/org/bluez/hci1", "org.bluez.Adapter1", "StartDiscovery")
+        try await waitUntil(timeout: 3) { await c.property(moved, "org.bluez.Device1", "Address") != nil }
+        #expect(await c.property(moved, "org.bluez.Device1", "Adapter") == .objectPath("/org/bluez/hci1"))
+        let counters = try await c.control("GetCounters").first?.stringVariantDictionary ?? [:]
+        #expect(counters["adapters_removed"]?.int64 == 1)
+        #expect(counters["adapters_added"]?.int64 == 1)
+    }
+
     @Test func notifySessionsArePerSenderAndDroppedWhenTheSenderLeaves() async throws {
         let sim = try await demoFixture()
         defer { sim.stopInBackground() }

@@ -96,6 +96,10 @@ import Testing
         ),
         ("settings: {mtu: 10}\n", "settings.mtu: 10 is out of range 23...517"),
         ("adapters: [{id: usb0}]\n", #"adapters[0].id: "usb0" is not an adapter name like hci0"#),
+        (
+            "peripherals:\n  - {address: \"AA:BB:CC:DD:EE:FF\", services_resolved: early}\n",
+            #"peripherals[0].services_resolved: "early" is not one of after-reply, with-connected, before-reply, kept"#
+        ),
         ("peripherals: 3\n", #"peripherals: expected a list, found "3""#),
         ("- a\n- b\n", "expected a mapping, found a sequence"),
     ])

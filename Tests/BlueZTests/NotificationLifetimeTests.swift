@@ -1,0 +1,214 @@
+// Notification streams in a daemon that runs for months: zero-length notifications, subscriptions BlueZ ends while
+// the link stays up (and re-subscribing), and waits and connects that are cancelled. Faults come from bluez-sim.
+import DBus
+import Foundation
+import TestSupport
+import Testing
+
+@testable import BlueZ
+
+/// The error a notification stream ended with (nil when it ended normally).
+func streamEnd(_ iterator: inout BlueZNotifications.AsyncIterator) async -> BlueZError? {
+    do {
+        while try await iterator.next() != nil {}
+        return nil
+    } catch let error as BlueZError {
+        return error
+    } catch {
+        Issue.record("expected a BlueZError, got \(error)")
+        return nil
+    }
+}
+
+@Suite struct NotificationLifetimeTests {
+    @Test func zeroLengthNotificationIsAnEmptyValueNotTheEnd() async throws {
+        let t = try await SimClient()
+        let p = try await t.connect()
+        let hr = try p.characteristic("2A37")
+        let values = try await p.notifications(for: hr)
+        try await eventually(10, "NotifyAcquired") { p.refreshed(hr)?.notifyAcquireAvailable == true }
+        for v: [UInt8] in [[], [0x00, 0x48], [], []] {
+            try await t.simulator("PushNotification", [.string(strap), .string("2A37"), .bytes(v)])
+        }
+        let got = try await within(5, "four notifications, two of them empty") {
+            var out: [[UInt8]] = []
+            for try await v in values {
+                out.append(v)
+                if out.count == 4 { break }
+            }
+            return out
+        }
+        #expect(got == [[], [0x00, 0x48], [], []])
+        #expect(p.isConnected)
+        await p.disconnect()
+    }
+
+    @Test func closedNotifySocketEndsTheStreamWithAReasonAndResubscribes() async throws {
+        let t = try await SimClient()
+        let p = try await t.connect()
+        let hr = try p.characteristic("2A37")
+        let values = try await p.notifications(for: hr)
+        try await t.simulator("PushNotification", [.string(strap), .string("2A37"), .bytes([1])])
+        let (first, ended) = try await within(5, "a notification, then the end of the stream") {
+            var iterator = values.makeAsyncIterator()
+            let first = try await iterator.next()
+            // bluetoothd closes the AcquireNotify socket while the device stays connected.
+            try await t.simulator("EndNotify", [.string(strap), .string("2A37")])
+            return (first, await streamEnd(&iterator))
+        }
+        #expect(first == [1])
+        guard case .notificationsEnded(let device, let characteristic, let reason)? = ended else {
+            Issue.record("expected notificationsEnded, got \(String(describing: ended))")
+            return
+        }
+        #expect(device.address == strap)
+        #expect(characteristic == "2A37")
+        #expect(reason.contains("closed the notification socket"))
+        #expect(ended?.description.hasSuffix("subscribe again") == true)
+        #expect(p.isConnected)
+        // The consumer subscribes again and gets notifications.
+        try await eventually(10, "NotifyAcquired false") { p.refreshed(hr)?.notifyAcquireAvailable == true }
+        let again = try await p.notifications(for: hr)
+        try await t.simulator("PushNotification", [.string(strap), .string("2A37"), .bytes([2])])
+        let next = try await within(5, "a notification after re-subscribing") {
+            var it = again.makeAsyncIterator()
+            return try await it.next()
+        }
+        #expect(next == [2])
+        await p.disconnect()
+    }
+
+    @Test func endedStartNotifySessionEndsTheStreamAndResubscribes() async throws {
+        let t = try await SimClient()
+        let p = try await t.connect()
+        let battery = try p.characteristic("2A19")
+        let values = try await p.notifications(for: battery, preferAcquire: false)
+        try await eventually(10, "Notifying") { p.refreshed(battery)?.notifying == true }
+        try await t.simulator("EndNotify", [.string(strap), .string("2A19")])
+        let ended = try await within(5, "the stream to end") { () async -> BlueZError? in
+            var it = values.makeAsyncIterator()
+            return await streamEnd(&it)
+        }
+        guard case .notificationsEnded(_, "2A19", let reason)? = ended else {
+            Issue.record("expected notificationsEnded, got \(String(describing: ended))")
+            return
+        }
+        #expect(reason.contains("Notifying"))
+        let again = try await p.notifications(for: battery, preferAcquire: false)
+        try await eventually(10, "Notifying again") { p.refreshed(battery)?.notifying == true }
+        try await t.simulator("PushNotification", [.string(strap), .string("2A19"), .bytes([0x42])])
+        let next = try await within(5, "a notification after re-subscribing") {
+            var it = again.makeAsyncIterator()
+            return try await it.next()
+        }
+        #expect(next == [0x42])
+        await p.disconnect()
+    }
+
+    @Test func serviceChangedEndsTheStreamAndResubscribes() async throws {
+        let t = try await SimClient()
+        let p = try await t.connect()
+        let battery = try p.characteristic("2A19")
+        let values = try await p.notifications(for: battery, preferAcquire: false)
+        try await eventually(10, "Notifying") { p.refreshed(battery)?.notifying == true }
+        try await t.simulator("ServiceChanged", [.string(strap)])
+        let ended = try await within(5, "the stream to end") { () async -> BlueZError? in
+            var it = values.makeAsyncIterator()
+            return await streamEnd(&it)
+        }
+        guard case .notificationsEnded(_, "2A19", let reason)? = ended else {
+            Issue.record("expected notificationsEnded, got \(String(describing: ended))")
+            return
+        }
+        #expect(reason.contains("Service Changed"))
+        #expect(p.isConnected)
+        try await eventually(5, "the services back") { p.refreshed(battery) != nil }
+        let again = try await p.notifications(for: try p.characteristic("2A19"), preferAcquire: false)
+        try await eventually(10, "Notifying again") { p.refreshed(battery)?.notifying == true }
+        try await t.simulator("PushNotification", [.string(strap), .string("2A19"), .bytes([0x43])])
+        let next = try await within(5, "a notification after re-subscribing") {
+            var it = again.makeAsyncIterator()
+            return try await it.next()
+        }
+        #expect(next == [0x43])
+        await p.disconnect()
+    }
+
+    @Test func cancelledConnectIsCancelledNotAFailure() async throws {
+        let t = try await SimClient()
+        let device = try await t.discover(strap)
+        try await t.fault(strap, "connect-no-reply")
+        let attempt = Task { () async -> BlueZError? in
+            do {
+                _ = try await t.client.connect(device, options: BlueZConnectOptions(timeout: .seconds(20)))
+                return nil
+            } catch let error as BlueZError {
+                return error
+            } catch {
+                return nil
+            }
+        }
+        try await eventually(10, "Connect() to be pending") { try await t.counter("connect_calls") == 1 }
+        attempt.cancel()
+        let error = try await within(5, "the cancelled connect to return") { await attempt.value }
+        guard case .cancelled(let operation)? = error else {
+            Issue.record("expected cancelled, got \(String(describing: error))")
+            return
+        }
+        #expect(operation.hasSuffix("connect"))
+        // The pending Connect() was cancelled on BlueZ's side too: the next one is not answered InProgress.
+        let p = try await t.client.connect(device, options: BlueZConnectOptions(timeout: .seconds(3)))
+        #expect(p.isConnected)
+        await p.disconnect()
+    }
+
+    @Test func cancelledDisconnectionWaitReturnsAndDropsItsWaiter() async throws {
+        let t = try await SimClient()
+        let p = try await t.connect()
+        let waiter = Task { () async -> BlueZError? in
+            do {
+                _ = try await p.disconnectionReason()
+                return nil
+            } catch let error as BlueZError {
+                return error
+            } catch {
+                return nil
+            }
+        }
+        try await eventually(5, "the waiter to be registered") { p.disconnectionWaiterCount == 1 }
+        waiter.cancel()
+        let error = try await within(5, "the cancelled wait to return") { await waiter.value }
+        guard case .cancelled? = error else {
+            Issue.record("expected cancelled, got \(String(describing: error))")
+            return
+        }
+        #expect(p.disconnectionWaiterCount == 0)
+        #expect(p.isConnected)
+        await p.disconnect()
+    }
+}
+
+@Suite struct OneShotCancellationTests {
+    @Test(.timeLimit(.minutes(1))) func cancelledWaitReturnsNilAndIsDropped() async throws {
+        let shot = OneShot<Int>()
+        let waiter = Task { await shot.value() }
+        try await eventually(5, "the waiter to suspend") { shot.waiterCount == 1 }
+        waiter.cancel()
+        #expect(await waiter.value == nil)
+        #expect(shot.waiterCount == 0)
+        // A task group that races a wait against a timer finishes when the timer wins.
+        let raced = await withTaskGroup(of: Int?.self) { group in
+            group.addTask { await shot.value() }
+            group.addTask {
+                try? await Task.sleep(for: .milliseconds(20))
+                return -1
+            }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            return first
+        }
+        #expect(raced == -1)
+        #expect(shot.complete(3))
+        #expect(await shot.value() == 3)
+    }
+}
