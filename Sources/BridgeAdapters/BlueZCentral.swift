@@ -58,6 +58,13 @@ public final class BlueZCentral: BLECentral {
                     self.state.withLock { $0.powered = [:] }
                     self.dropDiscoveries()
                     continuation.yield(.bluetoothdStopped)
+                case .busLost(let reason):
+                    self.logger.warning("the system bus connection was lost (\(reason)); reconnecting")
+                    self.state.withLock { $0.powered = [:] }
+                    self.dropDiscoveries()
+                    continuation.yield(.bluetoothdStopped)
+                case .busRestored:
+                    self.logger.info("the system bus is back")
                 case .adapterAdded(let a), .adapterChanged(let a):
                     // Only a change of Powered matters here (Discovering flips with every scan start).
                     let was = self.state.withLock { s -> Bool? in
@@ -241,6 +248,8 @@ public final class BlueZCentral: BLECentral {
         case .failed(_, _, let f):
             kind = f.message.contains("abort-by-local") ? .connectionAborted : .failed
         case .invalidArgument: kind = .invalidArgument
+        case .cancelled: kind = .cancelled
+        case .notificationsEnded: kind = .disconnected
         default: kind = .failed
         }
         return BLEError(kind, name: name, message: error.description)
