@@ -33,12 +33,17 @@ public final class MQTTBrokerTransport: MQTTTransport {
         let will = MQTTOutgoingMessage(
             topic: BridgeTopics(base: m.baseTopic).bridgeState, payload: Array("{\"state\":\"offline\"}".utf8),
             qos: .atLeastOnce, retain: true)
-        let configuration = MQTTConfiguration(
+        var configuration = MQTTConfiguration(
             broker: broker, clientID: m.clientID ?? defaultClientID,
             protocolVersion: m.protocolVersion == "5" ? .v5 : .v311, keepAlive: m.keepAlive, credentials: credentials,
             tls: tls, will: will,
             reconnect: MQTTReconnectPolicy(initialDelay: m.reconnectInitialDelay, maximumDelay: m.reconnectMaximumDelay),
-            offlineQueueCapacity: max(1, m.offlineQueue))
+            offlineQueueCapacity: max(1, m.offlineQueue), maxInflightMessages: m.maxInflight,
+            receiveBufferCapacity: m.receiveBuffer)
+        configuration.cleanSession = m.cleanSession
+        configuration.sessionExpiry = m.sessionExpiry
+        configuration.maximumIncomingPacketSize = m.maxIncomingPacket
+        configuration.receiveBufferBytes = m.receiveBufferBytes
         do {
             try configuration.validate()
             client = try MQTTClient(configuration: configuration)

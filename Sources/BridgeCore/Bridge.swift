@@ -16,6 +16,7 @@ public final class Bridge: Sendable {
     let gatewayName: String
     let engine: Mutex<EngineState>
     let started: Duration
+    let processStatistics: @Sendable () -> [(String, JSONValue)]
 
     struct EngineState {
         var config: BridgeConfig
@@ -31,6 +32,7 @@ public final class Bridge: Sendable {
         var nextScanID: UInt64 = 0
         var shuttingDown = false
         var counters = BridgeCounters()
+        var requestTail: Task<Void, Never>?
     }
 
     /// Counters for `bridge/health` and metrics.
@@ -57,8 +59,10 @@ public final class Bridge: Sendable {
     ///   - gatewayName: names this bridge in Home Assistant (`via_device`) and `bridge/info` (the host name).
     public init(
         config: BridgeConfig, central: any BLECentral, mqtt: any MQTTTransport, clock: any BridgeClock,
-        logger: Logger, gatewayName: String = "blebridge"
+        logger: Logger, gatewayName: String = "blebridge",
+        processStatistics: @escaping @Sendable () -> [(String, JSONValue)] = { [] }
     ) {
+        self.processStatistics = processStatistics
         self.central = central
         self.mqtt = mqtt
         self.clock = clock
@@ -117,6 +121,7 @@ public final class Bridge: Sendable {
             group.addTask { await self.subscribeCommands() }
             group.addTask { await self.runBLE() }
             group.addTask { await self.runTicker() }
+            group.addTask { await self.runHealth() }
             // Wait for cancellation of the bridge's task.
             await withTaskCancellationHandler {
                 await waitForever()
@@ -311,15 +316,19 @@ public final class Bridge: Sendable {
                     device: r.id)
             }
         }
-        if c.mode == .passive {
+        // Passive and on-demand devices are available while they advertise (an on-demand device is reachable then).
+        if c.mode == .passive || c.mode == .onDemand {
             if wasOnline != true { setAvailability(r, online: true) }
-            if decodedAny { requestStatePublish(r) }
-        } else if decodedAny {
-            requestStatePublish(r)
         }
+        if decodedAny { requestStatePublish(r) }
         if c.mode == .connected {
             ensureSession(r)
-            if r.data.withLock({ $0.session == .backingOff }) { r.wakeSession() }
+            // A device that was not found (or whose adapter was gone) is retried as soon as it advertises; other
+            // failures wait out their backoff, or every advertisement would cut it short.
+            let wake = r.data.withLock { d in
+                d.session == .backingOff && (d.lastFailure == .notFound || d.lastFailure == .adapterUnavailable)
+            }
+            if wake { r.wakeSession() }
         }
     }
 
@@ -354,14 +363,23 @@ public final class Bridge: Sendable {
             guard auto.enabled, !auto.deny.contains(adv.address), auto.allow.isEmpty || auto.allow.contains(adv.address)
             else { return nil }
             if let min = auto.minimumRSSI, (adv.rssi ?? -127) < min { return nil }
+            // Only advertisers a parser really decodes: a phone's Apple data selects the iBeacon parser but is no
+            // iBeacon, and must not become a device.
+            let context = AdvertisementContext(mac: adv.address.text, localName: adv.name, cipher: Bridge.cipher)
             let decodable =
-                adv.serviceData.keys.contains { c.registry.parser(for: .serviceData($0)) != nil }
-                || adv.manufacturerData.keys.contains { c.registry.parser(for: .manufacturer($0)) != nil }
+                adv.serviceData.contains { uuid, payload in
+                    c.registry.parser(for: .serviceData(uuid)) != nil
+                        && (try? c.registry.decode(.serviceData(uuid), payload, context: context)) != nil
+                }
+                || adv.manufacturerData.contains { company, payload in
+                    c.registry.parser(for: .manufacturer(company)) != nil
+                        && (try? c.registry.decode(.manufacturer(company), payload, context: context)) != nil
+                }
             guard decodable else { return nil }
             let id = adv.address.compact
             let config = DeviceConfig(
                 id: id, friendlyName: nil, match: DeviceMatch(address: adv.address), mode: .passive, subscribe: [],
-                poll: [], pollInterval: .seconds(300), writable: [], debounce: nil, throttle: nil, retain: false,
+                poll: [], pollInterval: .seconds(300), writable: [], debounce: nil, throttle: nil, retain: nil,
                 qos: -1, output: .json, bindKey: nil, availabilityTimeout: nil, index: -1)
             let r = DeviceRecord(id: id, config: config, address: adv.address)
             s.devices[id] = r
@@ -385,6 +403,17 @@ public final class Bridge: Sendable {
         if changed { publishDiscovery(r) }
     }
 
+    // MARK: Health
+
+    func runHealth() async {
+        let interval = config.healthInterval
+        guard interval > .zero else { return }
+        while !Task.isCancelled {
+            do { try await clock.sleep(for: interval) } catch { return }
+            publish(topics.bridgeHealth, JSONValue.object(healthFields()).bytes, qos: 0, retain: true)
+        }
+    }
+
     // MARK: Ticker: availability of passive devices, silent subscriptions
 
     func runTicker() async {
@@ -401,7 +430,7 @@ public final class Bridge: Sendable {
             let (mode, online, lastAdvert, interval) = r.data.withLock { d in
                 (r.config.mode, d.online, d.lastAdvert, d.advertInterval)
             }
-            if mode == .passive, online == true, let lastAdvert {
+            if mode == .passive || mode == .onDemand, online == true, let lastAdvert {
                 if now - lastAdvert > passiveTimeout(r.config, interval: interval, settings: c.availability) {
                     logger.info(
                         "no advertisement for \(Int((now - lastAdvert).seconds)) s: offline", ["device": r.id])
@@ -488,7 +517,7 @@ public final class Bridge: Sendable {
         }
         guard shouldPublish else { return }
         let t = topics
-        let retain = r.config.retain || config.mqtt.retain
+        let retain = r.config.retain ?? config.mqtt.retain
         let qos = stateQoS(r)
         if r.config.output != .attribute {
             publish(t.state(r.id), r.stateJSON(), qos: qos, retain: retain)

@@ -98,12 +98,40 @@ extension Bridge {
         }
         switch command {
         case .request(let op):
-            // Requests run concurrently: a scan or a slow connect does not hold up the others.
-            Task { await self.handleRequest(op, message) }
+            if op.hasPrefix("device/") {
+                // Device requests run in the order they came (a connect right after a disconnect must not overtake
+                // it); scans and queries run at once.
+                let tail = engine.withLock { s -> Task<Void, Never> in
+                    let previous = s.requestTail
+                    let task = Task {
+                        await previous?.value
+                        await self.handleRequest(op, message)
+                    }
+                    s.requestTail = task
+                    return task
+                }
+                _ = tail
+            } else {
+                Task { await self.handleRequest(op, message) }
+            }
         case .set(let device, let name), .get(let device, let name):
             let isSet: Bool
             if case .set = command { isSet = true } else { isSet = false }
-            Task { await self.handleSetGet(isSet: isSet, device: device, name: name, message) }
+            let body: @Sendable () async -> Void = {
+                await self.handleSetGet(isSet: isSet, device: device, name: name, message)
+            }
+            if let r = record(device) {
+                // Commands to one device run one after the other, in order.
+                r.data.withLock { d in
+                    let previous = d.commandTail
+                    d.commandTail = Task {
+                        await previous?.value
+                        await body()
+                    }
+                }
+            } else {
+                Task { await body() }
+            }
         }
     }
 
@@ -156,9 +184,13 @@ extension Bridge {
         var values: [(String, JSONValue)] = []
         var transaction: JSONValue?
         if let name {
-            // `/set/<name>` with a plain value: JSON when it parses, else the text.
+            // `/set/<name>` with a plain value: the text for a text field, else JSON when it parses, else the text.
             let text = message.text.trimmingSpaces
-            values = [(name, (try? JSONReader.parse(message.payload)) ?? .string(text))]
+            let kind = record(device)?.config.writable.first { $0.name == name }.flatMap { spec in
+                config.registry.parser(named: spec.parserName ?? "")?.fields.first { $0.name == name }?.kind
+            }
+            let isText = kind == .text || record(device)?.config.writable.first { $0.name == name }?.platform == "text"
+            values = [(name, isText ? .string(text) : ((try? JSONReader.parse(message.payload)) ?? .string(text)))]
         } else {
             do {
                 let json = try JSONReader.parse(message.payload)

@@ -122,8 +122,8 @@ public struct DeviceConfig: Sendable, Hashable {
     public var debounce: Duration?
     /// Publish at most once per this long.
     public var throttle: Duration?
-    /// Retain the state topic.
-    public var retain: Bool
+    /// Retain the state topic (nil: `mqtt.retain`).
+    public var retain: Bool?
     /// QoS of the state topic.
     public var qos: Int
     /// What to publish.
@@ -185,6 +185,18 @@ public struct MQTTSettings: Sendable, Hashable {
     public var offlineQueue: Int = 10000
     /// Largest accepted incoming payload, bytes.
     public var maxPayload: Int = 65536
+    /// Resume the broker-side session (`clean_session: false`).
+    public var cleanSession: Bool = true
+    /// MQTT 5 session expiry with a persistent session.
+    public var sessionExpiry: Duration = .seconds(86400)
+    /// QoS 1/2 messages in flight.
+    public var maxInflight: Int = 100
+    /// Received messages buffered.
+    public var receiveBuffer: Int = 100_000
+    /// Largest incoming MQTT packet (MQTT 5 Maximum Packet Size; dropped and counted under 3.1.1).
+    public var maxIncomingPacket: Int = 1 << 20
+    /// Received bytes buffered.
+    public var receiveBufferBytes: Int = 16 << 20
     /// Reconnect delays.
     public var reconnectInitialDelay: Duration = .seconds(1)
     /// Longest reconnect delay.
@@ -255,6 +267,8 @@ public struct BridgeConfig: Sendable {
     public var logging = LoggingSettings()
     /// Allow `bridge/request/device/read` and `device/write` on any UUID.
     public var allowRawGATT = false
+    /// How often `bridge/health` is published (zero: never).
+    public var healthInterval: Duration = .seconds(60)
     /// Configured devices.
     public var devices: [DeviceConfig] = []
     /// Auto-added advertisers.
@@ -341,7 +355,7 @@ extension BridgeConfig {
 
     static let topKeys: Set<String> = [
         "mqtt", "homeassistant", "bluetooth", "availability", "logging", "allow_raw_gatt", "devices", "auto_devices",
-        "parsers",
+        "parsers", "health",
     ]
 
     static func load(_ root: ConfigNode) -> BridgeConfig {
@@ -356,15 +370,33 @@ extension BridgeConfig {
         if let a = root["availability"] { config.availability = loadAvailability(a) }
         if let l = root["logging"] { config.logging = loadLogging(l) }
         if let r = root["allow_raw_gatt"], let b = r.bool { config.allowRawGATT = b }
+        if let h = root["health"] {
+            h.expectMapping(allowed: ["interval"])
+            if let i = h["interval"]?.seconds(0...86400) { config.healthInterval = i }
+        }
         if let p = root["parsers"] {
-            config.parserSpecs = p.items.compactMap(loadParserSpec)
-            if root.problems.errors.isEmpty {
+            // Each declaration is checked on its own, so one bad parser neither hides the others' problems nor
+            // makes the devices that use a good one fail ("no parser declares ...").
+            var accepted: [DeclarativeParserSpec] = []
+            for (index, item) in p.items.enumerated() {
+                guard let spec = loadParserSpec(item) else { continue }
                 do {
-                    config.registry = try GATTParserRegistry.builtIn(declaring: config.parserSpecs)
+                    config.registry = try GATTParserRegistry.builtIn(declaring: accepted + [spec])
+                    accepted.append(spec)
                 } catch {
-                    p.fail(error.description)
+                    // "parsers[K].fields[2].type: reason" with K the position among the accepted ones.
+                    var text = error.description
+                    let prefix = "parsers[\(accepted.count)]"
+                    if text.hasPrefix(prefix) { text = "parsers[\(index)]" + text.dropFirst(prefix.count) }
+                    let parts = text.split(separator: ": ", maxSplits: 1)
+                    if parts.count == 2 {
+                        root.problems.add(String(parts[0]), String(parts[1]))
+                    } else {
+                        root.problems.add("parsers[\(index)]", text)
+                    }
                 }
             }
+            config.parserSpecs = accepted
         }
         if let a = root["auto_devices"] { config.autoDevices = loadAutoDevices(a) }
         if let d = root["devices"] {
@@ -385,7 +417,8 @@ extension BridgeConfig {
         var m = MQTTSettings()
         n.expectMapping(allowed: [
             "url", "client_id", "username", "password", "password_file", "tls", "protocol", "base_topic", "keepalive",
-            "qos", "retain", "offline_queue", "max_payload", "reconnect",
+            "qos", "retain", "offline_queue", "max_payload", "reconnect", "clean_session", "session_expiry",
+            "max_inflight", "receive_buffer", "max_incoming_packet", "receive_buffer_bytes",
         ])
         if let v = n["url"]?.string {
             if v.hasPrefix("mqtt://") || v.hasPrefix("mqtts://") || v.hasPrefix("tcp://") || v.hasPrefix("ssl://") {
@@ -429,7 +462,22 @@ extension BridgeConfig {
         if let k = n["keepalive"]?.seconds(5...65535) { m.keepAlive = k }
         if let q = n["qos"]?.integer(0...2) { m.qos = q }
         if let r = n["retain"]?.bool { m.retain = r }
-        if let q = n["offline_queue"]?.integer(0...10_000_000) { m.offlineQueue = q }
+        if let q = n["offline_queue"]?.integer(1...10_000_000) { m.offlineQueue = q }
+        if let b = n["clean_session"]?.bool { m.cleanSession = b }
+        if let d = n["session_expiry"]?.seconds(0...4_294_967_295) { m.sessionExpiry = d }
+        if let i = n["max_inflight"]?.integer(1...32768) { m.maxInflight = i }
+        if let i = n["receive_buffer"]?.integer(1...10_000_000) { m.receiveBuffer = i }
+        if let i = n["max_incoming_packet"]?.integer(256...268_435_460) { m.maxIncomingPacket = i }
+        if let i = n["receive_buffer_bytes"]?.integer(256...4_294_967_295) { m.receiveBufferBytes = i }
+        if m.cleanSession == false, m.clientID == nil {
+            n["clean_session"]?.fail("a persistent session (clean_session: false) needs a stable client_id")
+        }
+        if m.password != nil || m.passwordFile != nil, m.username == nil {
+            n.fail("a password needs a 'username'")
+        }
+        if n["tls"] != nil, !(m.url.hasPrefix("mqtts://") || m.url.hasPrefix("ssl://")) {
+            n["tls"]?.fail("TLS settings need an mqtts:// url (the url is \(m.url))")
+        }
         if let q = n["max_payload"]?.integer(64...268_435_455) { m.maxPayload = q }
         if let r = n["reconnect"] {
             r.expectMapping(allowed: ["initial_delay", "max_delay"])
@@ -533,7 +581,11 @@ extension BridgeConfig {
                     ])
                 else { continue }
                 guard let fname = item["name"]?.string, let type = item["type"]?.string else {
-                    item.fail("a field needs 'name' and 'type'")
+                    item.fail("a field needs 'name', 'type' and 'offset'")
+                    continue
+                }
+                guard item["offset"] != nil else {
+                    item.fail("field '\(fname)' needs 'offset' (the octet where it starts)")
                     continue
                 }
                 var spec = DeclarativeFieldSpec(
@@ -626,6 +678,9 @@ extension BridgeConfig {
                 if let spec = loadWritable(item, registry: registry) { writable.append(spec) }
             }
         }
+        if mode == .poll, poll.isEmpty {
+            n.fail("a poll device needs 'poll': the characteristics to read (UUIDs or parser names)")
+        }
         if mode == .passive, !writable.isEmpty {
             n["writable"]?.fail("a passive device cannot be written; use mode connected, poll or on-demand")
         }
@@ -635,17 +690,17 @@ extension BridgeConfig {
         }
         var bindKey: [UInt8]?
         if let k = n["bindkey"]?.string {
-            if let bytes = bytesFromHex(k), bytes.count == 16 {
+            if let bytes = bytesFromHex(k), bytes.count == 16 || bytes.count == 12 {
                 bindKey = bytes
             } else {
-                n["bindkey"]?.fail("a bind key is 32 hex digits (16 octets)")
+                n["bindkey"]?.fail("a bind key is 32 hex digits (16 octets; 24 for a legacy MiBeacon key)")
             }
         }
         return DeviceConfig(
             id: id, friendlyName: friendly, match: match, mode: mode, subscribe: subscribe, poll: poll,
             pollInterval: n["poll_interval"]?.seconds(1...604800) ?? .seconds(300), writable: writable,
             debounce: n["debounce"]?.seconds(0...3600), throttle: n["throttle"]?.seconds(0...3600),
-            retain: n["retain"]?.bool ?? false, qos: n["qos"]?.integer(0...2) ?? -1, output: output,
+            retain: n["retain"]?.bool, qos: n["qos"]?.integer(0...2) ?? -1, output: output,
             bindKey: bindKey, availabilityTimeout: n["availability_timeout"]?.seconds(1...604800), index: index)
     }
 
@@ -672,7 +727,11 @@ extension BridgeConfig {
             spec.maximum = n["max"]?.number(-1e15...1e15)
             spec.step = n["step"]?.number(1e-9...1e15)
             spec.options = n["options"]?.stringList
-            if let p = n["platform"]?.oneOf(["number", "switch", "select", "text"]) { spec.platform = p }
+            if let p = n["platform"]?.oneOf(["number", "switch", "select", "text"]) {
+                spec.platform = p
+            } else if spec.options != nil {
+                spec.platform = "select"
+            }
         }
         guard let name, !name.isEmpty else {
             n.fail("a writable value needs a name")
@@ -680,14 +739,29 @@ extension BridgeConfig {
         }
         spec.name = name
         // The parser that declares the field decides the characteristic (unless one is given).
-        let declaring = registry.characteristicParsers.filter { parser in
+        guard name != "result" else {
+            n.fail("'result' cannot be a writable name (blebridge/<device>/set/result is the result topic)")
+            return nil
+        }
+        // Parsers declared in the configuration come first: a vendor parser that declares `temperature_c` wins
+        // over a built-in one with the same field.
+        let candidates = registry.characteristicParsers.filter { parser in
             parser.fields.contains { $0.name == name }
                 && (characteristic.map { parser.uuids.contains($0) } ?? true)
+        }
+        let declaring = candidates.filter { $0 is DeclarativeParser } + candidates.filter { !($0 is DeclarativeParser) }
+        if characteristic == nil, declaring.count > 1, !(declaring[0] is DeclarativeParser) {
+            n.fail(
+                "several parsers declare '\(name)' (\(declaring.map(\.name).joined(separator: ", "))); "
+                    + "say which with 'characteristic'")
+            return nil
         }
         if let parser = declaring.first, let first = parser.uuids.first {
             spec.parserName = parser.name
             spec.characteristic = characteristic ?? first
-            if let field = parser.fields.first(where: { $0.name == name }), n.node.mapping?.contains(where: { $0.key == "platform" }) != true {
+            if let field = parser.fields.first(where: { $0.name == name }),
+                n.node.mapping?.contains(where: { $0.key == "platform" || $0.key == "options" }) != true
+            {
                 if field.kind == .boolean { spec.platform = "switch" } else if field.kind == .text { spec.platform = "text" }
             }
         } else if let characteristic {

@@ -59,8 +59,11 @@ struct DeviceData {
     var wakeRequested = false
     var sessionTask: Task<Void, Never>?
     var userDisconnected = false
-    var keepConnected = false
     var adapter: String?
+    /// The class of the last failed attempt (decides whether an advertisement cuts the backoff short).
+    var lastFailure: BLEError.Kind?
+    /// Commands for this device run one after the other, in the order they arrived.
+    var commandTail: Task<Void, Never>?
 }
 
 /// A device: its configuration and its data behind a lock. Safe from any task.

@@ -52,6 +52,9 @@ public enum EffectiveConfig {
             })))
             if let v = d.debounce { o.append(("debounce", .double(v.seconds))) }
             if let v = d.throttle { o.append(("throttle", .double(v.seconds))) }
+            if let v = d.retain { o.append(("retain", .bool(v))) }
+            if d.qos >= 0 { o.append(("qos", .int(Int64(d.qos)))) }
+            if let v = d.availabilityTimeout { o.append(("availability_timeout", .double(v.seconds))) }
             o.append(("output", .string(d.output.rawValue)))
             if d.bindKey != nil { o.append(("bindkey", .string("***"))) }
             return .object(o)
@@ -71,9 +74,26 @@ public enum EffectiveConfig {
             ("homeassistant", .object([("enabled", .bool(c.homeAssistant.enabled)), ("prefix", .string(c.homeAssistant.prefix))])),
             ("bluetooth", .object([
                 ("adapters", .array(c.bluetooth.adapters.map(JSONValue.string))),
-                ("scan_services", .array(c.scanServiceUUIDs.map { .string($0.description) })),
-                ("passive", .bool(c.bluetooth.passive)), ("connection_slots", .int(Int64(c.bluetooth.connectionSlots))),
+                ("scan_services", .array(c.bluetooth.scanServices.map { .string($0.description) })),
+                ("scan_filter", .array(c.scanServiceUUIDs.map { .string($0.description) })),
+                ("passive", .bool(c.bluetooth.passive)), ("duplicate_data", .bool(c.bluetooth.duplicateData)),
+                ("connection_slots", .int(Int64(c.bluetooth.connectionSlots))),
+                ("connect_timeout", .double(c.bluetooth.connectTimeout.seconds)),
+                ("reconnect", .object([
+                    ("initial_delay", .double(c.bluetooth.reconnectInitialDelay.seconds)),
+                    ("max_delay", .double(c.bluetooth.reconnectMaximumDelay.seconds)),
+                ])),
+                ("silence_factor", .double(c.bluetooth.silenceFactor)),
             ])),
+            ("availability", .object([
+                ("passive_timeout", .double(c.availability.passiveMinimumTimeout.seconds)),
+                ("passive_intervals", .double(c.availability.passiveIntervals)),
+            ])),
+            ("logging", .object([
+                ("level", .string(c.logging.level)), ("format", .string(c.logging.format)),
+                ("mqtt_level", .string(c.logging.mqttLevel)),
+            ])),
+            ("health", .object([("interval", .double(c.healthInterval.seconds))])),
             ("allow_raw_gatt", .bool(c.allowRawGATT)),
             ("devices", .int(Int64(c.devices.count))),
             ("auto_devices", .bool(c.autoDevices.enabled)),
@@ -194,8 +214,19 @@ extension Bridge {
         for f in d.3 where !fields.contains(where: { $0.name == f.name }) { fields.append(f) }
         var components: [(String, JSONValue)] = []
         let writableNames = Set(r.config.writable.map(\.name))
+        let perField = r.config.output == .attribute
         for f in fields where !writableNames.contains(f.name) {
-            guard let component = sensorComponent(f, oid: oid) else { continue }
+            guard var component = sensorComponent(f, oid: oid) else { continue }
+            if perField, case .object(var o) = component {
+                // `output: attribute` publishes no JSON state: each entity reads its own plain-value topic.
+                o.removeAll { $0.0 == "value_template" }
+                o.append(("state_topic", .string(t.attribute(r.id, f.name))))
+                if f.kind == .boolean {
+                    o.append(("payload_on", .string("true")))
+                    o.append(("payload_off", .string("false")))
+                }
+                component = .object(o)
+            }
             components.append(("\(oid)_\(f.name)", component))
         }
         for w in r.config.writable {
@@ -220,7 +251,7 @@ extension Bridge {
         ))
         var device: [(String, JSONValue)] = [
             ("ids", .array([.string(oid)])),
-            ("name", .string(r.config.friendlyName ?? d.1 ?? r.id)),
+            ("name", .string(deviceDisplayName(r, advertisedName: d.1))),
             ("via_device", .string(bridgeObjectID)),
         ]
         if let a = d.0 { device.append(("cns", .array([.array([.string("bluetooth"), .string(a.text.lowercased())])]))) }
@@ -237,6 +268,13 @@ extension Bridge {
             ("availability_mode", .string("all")),
             ("qos", .int(Int64(stateQoS(r)))),
         ])
+    }
+
+    /// The friendly name; a second device matching one entry gets its address suffix so the two can be told apart.
+    func deviceDisplayName(_ r: DeviceRecord, advertisedName: String?) -> String {
+        guard let friendly = r.config.friendlyName else { return advertisedName ?? r.id }
+        if r.id != sanitizeDeviceID(friendly), let a = r.address { return "\(friendly) \(a.compact.suffix(6))" }
+        return friendly
     }
 
     func humanName(_ f: GATTFieldDescriptor) -> String {
@@ -263,7 +301,8 @@ extension Bridge {
         }
         o.append(("name", .string(humanName(f))))
         o.append(("unique_id", .string("\(oid)_\(f.name)")))
-        if let dc = f.deviceClass { o.append(("device_class", .string(dc))) }
+        // Home Assistant's enum device class needs the list of options, which a parser does not declare.
+        if let dc = f.deviceClass, dc != "enum" { o.append(("device_class", .string(dc))) }
         if f.kind == .number, let unit = f.unit { o.append(("unit_of_measurement", .string(unit))) }
         if f.kind == .number, let sc = f.stateClass { o.append(("state_class", .string(sc))) }
         return .object(o)

@@ -82,11 +82,8 @@ extension Bridge {
 
     func connectRequest(_ r: DeviceRecord) async -> CommandOutcome {
         guard r.config.mode != .passive else { return .failure("\(r.id) is passive; it is never connected") }
-        r.data.withLock {
-            $0.userDisconnected = false
-            $0.keepConnected = true
-        }
-        if r.config.mode == .connected {
+        r.data.withLock { $0.userDisconnected = false }
+        if r.config.mode == .connected || r.config.mode == .poll {
             ensureSession(r)
             r.wakeSession()
             return .success([("id", .string(r.id)), ("state", .string(r.data.withLock { $0.session.rawValue }))])
@@ -102,7 +99,6 @@ extension Bridge {
     func disconnectRequest(_ r: DeviceRecord) async -> CommandOutcome {
         let (task, link) = r.data.withLock { d -> (Task<Void, Never>?, (any BLELink)?) in
             d.userDisconnected = true
-            d.keepConnected = false
             return (d.sessionTask, d.link)
         }
         if let task {
@@ -136,6 +132,17 @@ extension Bridge {
         }
         setAvailability(r, online: false)
         publishEvent("removed", r)
+        if r.config.index < 0 {
+            // An auto device is forgotten entirely (it comes back if it advertises again); a configured one stays.
+            engine.withLock { s in
+                s.devices.removeValue(forKey: r.id)
+                s.order.removeAll { $0 == r.id }
+                if let a = r.address { s.byAddress.removeValue(forKey: a) }
+            }
+            removeDiscovery(id: r.id)
+        } else {
+            r.data.withLock { $0.userDisconnected = false }
+        }
         publishDevices()
         return result
     }
@@ -254,6 +261,20 @@ extension Bridge {
                     ("connections", .int(Int64(used))),
                     ("free_slots", .int(Int64(max(0, config.bluetooth.connectionSlots - used)))),
                 ])
+            })),
+            ("process", .object(processStatistics())),
+            ("devices", .object(records.map { r in
+                let d = r.data.withLock { $0 }
+                let since = d.connectedSince.map { (clock.now - $0).seconds } ?? (clock.now - started).seconds
+                return (r.id, .object([
+                    ("state", .string(d.session.rawValue)),
+                    ("availability", d.online.map { .string($0 ? "online" : "offline") } ?? .null),
+                    ("messages", .int(Int64(d.messages))),
+                    ("messages_per_s", .double(since > 0 ? (Double(d.messages) / since * 100).rounded() / 100 : 0)),
+                    ("last_seen", d.lastSeenWall.map { .string(iso8601($0)) } ?? .null),
+                    ("reconnects", .int(Int64(d.reconnects))),
+                    ("last_error", d.lastError.map(JSONValue.string) ?? .null),
+                ]))
             })),
             ("counters", .object([
                 ("notifications", .int(Int64(counters.notifications))),

@@ -27,9 +27,8 @@ public struct ReconnectPolicy: Sendable, Equatable {
         default: base = initial.seconds
         }
         let exponent = Double(min(max(attempt - 1, 0), 30))
-        let raw = min(base * pow2(exponent), maximum.seconds)
-        let spread = raw * (0.8 + 0.4 * min(max(jitter, 0), 1))
-        return .milliseconds(Int64(max(spread, 0.01) * 1000))
+        let spread = base * pow2(exponent) * (0.8 + 0.4 * min(max(jitter, 0), 1))
+        return .milliseconds(Int64(max(min(spread, maximum.seconds), 0.01) * 1000))
     }
 }
 
@@ -142,8 +141,12 @@ extension Bridge {
             case .success(.stopped):
                 return
             case .success(let end):
-                attempt = 0
+                // A link that did not last counts as a failed attempt, so a device that drops right after
+                // connecting backs off instead of being retried every fraction of a second.
+                let lasted = r.data.withLock { d in d.connectedSince.map { clock.now - $0 } ?? .zero }
+                if lasted < .seconds(30) { attempt += 1 } else { attempt = 0 }
                 kind = nil
+                r.data.withLock { $0.lastFailure = nil }
                 let reason: String
                 switch end {
                 case .linkLost(let d): reason = "link lost (\(d.reason))"
@@ -164,7 +167,10 @@ extension Bridge {
                 attempt += 1
                 kind = error.kind
                 count(reconnect: error.errorName)
-                r.data.withLock { $0.lastError = error.message }
+                r.data.withLock {
+                    $0.lastError = error.message
+                    $0.lastFailure = error.kind
+                }
                 let delay = reconnectPolicy.delay(attempt: attempt, kind: kind, jitter: jitter(r.id, attempt))
                 logger.warning(
                     "\(error.message); retrying in \(formatDelay(delay)) (attempt \(attempt))", ["device": r.id])
@@ -174,8 +180,16 @@ extension Bridge {
             }
             _ = kind
             setSession(r, .backingOff)
-            // Reconnect at once after a drop; a short pause lets BlueZ finish tearing the link down.
-            if await waitForRetry(r, delay: .milliseconds(200)) == false { return }
+            // The first reconnect after a drop is almost immediate (a short pause lets BlueZ finish tearing the link
+            // down); a link that keeps dropping backs off like a failing connect.
+            let delay =
+                attempt <= 1
+                ? Duration.milliseconds(200)
+                : reconnectPolicy.delay(attempt: attempt - 1, kind: nil, jitter: jitter(r.id, attempt))
+            if attempt > 1 {
+                logger.info("reconnecting in \(formatDelay(delay)) (link dropped \(attempt) times in a row)", ["device": r.id])
+            }
+            if await waitForRetry(r, delay: delay) == false { return }
         }
     }
 
@@ -272,9 +286,9 @@ extension Bridge {
             }
         }
         // Initial reads: the poll list, so the state is complete before the first notification.
-        for c in pollTargets(r, characteristics) {
-            await readAndPublish(r, link: link, c)
-        }
+        let initial = pollTargets(r, characteristics)
+        for c in initial { await readAndMerge(r, link: link, c) }
+        if !initial.isEmpty { requestStatePublish(r) }
         setSession(r, .streaming)
         setAvailability(r, online: true)
         logger.info(
@@ -382,6 +396,22 @@ extension Bridge {
         }
     }
 
+    /// Reads and merges a value without publishing.
+    func readAndMerge(_ r: DeviceRecord, link: any BLELink, _ c: BLECharacteristic) async {
+        do {
+            let value = try await link.read(c)
+            let reading = try config.registry.decode(
+                c.uuid, value, context: GATTDecodeContext(presentationFormat: c.presentationFormat))
+            r.merge(reading, now: clock.now, wall: clock.wallClock)
+            engine.withLock { $0.counters.decoded += 1 }
+        } catch let error as BLEError {
+            reportError("cannot read \(c.uuid): \(error.message)", device: r.id)
+        } catch {
+            engine.withLock { $0.counters.decodeErrors += 1 }
+            reportError("cannot decode \(c.uuid): \(error)", device: r.id)
+        }
+    }
+
     func readAndPublish(_ r: DeviceRecord, link: any BLELink, _ c: BLECharacteristic) async {
         do {
             let value = try await link.read(c)
@@ -410,7 +440,8 @@ extension Bridge {
     func noteCharacteristicFields(_ r: DeviceRecord, _ characteristics: [BLECharacteristic]) {
         let registry = config.registry
         var fields: [GATTFieldDescriptor] = []
-        let targets = Set(subscriptionTargets(r, characteristics).map(\.uuid)).union(r.config.poll)
+        let subscribed = r.config.mode == .connected ? Set(subscriptionTargets(r, characteristics).map(\.uuid)) : []
+        let targets = subscribed.union(r.config.poll)
         for c in characteristics where targets.contains(c.uuid) {
             var declared = registry.fields(for: c.uuid)
             if declared.isEmpty, registry.parser(for: c.uuid) == nil, let pf = c.presentationFormat {
@@ -453,11 +484,14 @@ extension Bridge {
     }
 
     func pollOnce(_ r: DeviceRecord) async -> Result<Void, BLEError> {
-        await withTemporaryLink(r) { link in
+        let outcome = await withTemporaryLink(r) { link in
+            // Every value of one poll goes out in one state message.
             for c in self.pollTargets(r, link.characteristics) {
-                await self.readAndPublish(r, link: link, c)
+                await self.readAndMerge(r, link: link, c)
             }
+            self.requestStatePublish(r)
         }
+        return outcome
     }
 
     /// Connects (unless connected), runs `body`, and disconnects again if it connected.

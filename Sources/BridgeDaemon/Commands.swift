@@ -70,6 +70,14 @@ public enum CheckConfigCommand: CLICommand {
             writeErr("blebridge check-config: \(errors.errors.count) problem\(errors.errors.count == 1 ? "" : "s")")
             return ExitCode.configError
         case .success(let config):
+            // The broker settings are checked the way `run` checks them (URL form, TLS files, client options).
+            do {
+                _ = try MQTTBrokerTransport(settings: config.mqtt, defaultClientID: "blebridge-check")
+            } catch {
+                writeErr("\(arguments[0]): \(error)")
+                writeErr("blebridge check-config: 1 problem")
+                return ExitCode.configError
+            }
             writeOut(EffectiveConfig.json(config).text)
             return ExitCode.success
         }

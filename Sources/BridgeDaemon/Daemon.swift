@@ -58,7 +58,7 @@ struct Daemon {
         }
         let bridge = Bridge(
             config: config, central: PreStartedCentral(central), mqtt: transport, clock: SystemBridgeClock(),
-            logger: logger, gatewayName: host)
+            logger: logger, gatewayName: host, processStatistics: processStatistics)
         await cancellingOnInterrupt {
             await bridge.run()
         }
@@ -99,4 +99,26 @@ final class PreStartedCentral: BLECentral {
         try await base.removeDevice(address, adapter: adapter)
     }
     func close() async { await base.close() }
+}
+
+/// RSS and CPU time of this process, for `bridge/health`.
+func processStatistics() -> [(String, JSONValue)] {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    let cpu = Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec)
+        + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+    var fields: [(String, JSONValue)] = [("cpu_s", .double((cpu * 1000).rounded() / 1000))]
+    if let status = fopen("/proc/self/status", "r") {
+        defer { fclose(status) }
+        var line = [CChar](repeating: 0, count: 256)
+        while fgets(&line, Int32(line.count), status) != nil {
+            let text = String(cString: line)
+            for (key, name) in [("VmRSS:", "rss_kb"), ("VmHWM:", "peak_rss_kb"), ("Threads:", "threads")]
+            where text.hasPrefix(key) {
+                let digits = text.dropFirst(key.count).filter(\.isNumber)
+                if let v = Int64(digits) { fields.append((name, .int(v))) }
+            }
+        }
+    }
+    return fields
 }
