@@ -108,7 +108,7 @@ private func device(_ config: BridgeConfig, _ id: String) throws -> DeviceConfig
         #expect(strap.qos == 0)
 
         let radiator = try device(c, "radiator_valve")
-        #expect(radiator.retain)
+        #expect(radiator.retain == true)
         #expect(radiator.qos == -1)  // -1: mqtt.qos
         #expect(radiator.writable.map(\.name) == ["setpoint_c", "boost", "display_raw"])
         #expect(radiator.writable.map(\.platform) == ["number", "switch", "text"])
