@@ -110,6 +110,11 @@ final class TestClock: BridgeClock {
     /// True when some task sleeps with a deadline `range` away from now.
     func hasSleeper(in range: ClosedRange<Duration>) -> Bool { pendingDelays.contains { range.contains($0) } }
 
+    /// True when some task sleeps until exactly `deadline` (absolute).
+    func hasSleeper(at deadline: Duration) -> Bool {
+        state.withLock { $0.sleepers.contains { $0.deadline == deadline } }
+    }
+
     /// True when some task sleeps until after `deadline` (absolute).
     func hasSleeper(after deadline: Duration) -> Bool {
         state.withLock { $0.sleepers.contains { $0.deadline > deadline } }
