@@ -145,6 +145,9 @@ final class FakeLink: BLELink {
         var nextWaiter: UInt64 = 0
         var waiters: [UInt64: CheckedContinuation<BLEDisconnection, Never>] = [:]
         var disconnectCalls = 0
+        /// While true, writes wait (in `heldWrites`) until the test releases them: a slow peripheral.
+        var holdWrites = false
+        var heldWrites: [(value: [UInt8], release: CheckedContinuation<Void, Never>)] = []
     }
 
     let address: BLEAddress
@@ -173,6 +176,11 @@ final class FakeLink: BLELink {
     }
 
     func write(_ characteristic: BLECharacteristic, _ value: [UInt8], withResponse: Bool) async throws(BLEError) {
+        if state.withLock({ $0.holdWrites }) {
+            await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+                state.withLock { $0.heldWrites.append((value, c)) }
+            }
+        }
         let result = state.withLock { s -> Result<Void, BLEError> in
             if s.ended != nil { return .failure(BLEError(.notConnected, message: "\(address) is not connected")) }
             if let e = s.writeErrors[characteristic.uuid] { return .failure(e) }
@@ -247,6 +255,18 @@ final class FakeLink: BLELink {
             return w
         }
         for w in waiters { w.resume(returning: disconnection) }
+    }
+
+    /// The values of the writes waiting for `releaseWrite`, oldest first.
+    var heldWrites: [[UInt8]] { state.withLock { $0.heldWrites.map(\.value) } }
+
+    /// Lets the held write at `index` complete.
+    func releaseWrite(at index: Int) {
+        let c = state.withLock { s -> CheckedContinuation<Void, Never>? in
+            guard s.heldWrites.indices.contains(index) else { return nil }
+            return s.heldWrites.remove(at: index).release
+        }
+        c?.resume()
     }
 
     var subscriptions: [BluetoothUUID] { state.withLock { $0.subscriptions } }
