@@ -1,0 +1,212 @@
+// Home Assistant device discovery, the bridge's birth on (re)connect, and shutdown.
+import BridgeCore
+import GATT
+import Testing
+
+@Suite struct HomeAssistantDiscoveryTests {
+    static let balconyTopic = "homeassistant/device/blebridge_balcony/config"
+    static let bridgeTopic = "homeassistant/device/blebridge_bridge_testgw/config"
+
+    func advertiseBalcony(_ h: BridgeHarness) throws {
+        h.central.advertise(
+            try address("A4:C1:38:12:34:56"), rssi: -61,
+            serviceData: [PassiveDeviceTests.bthomeUUID: try hexBytes(PassiveDeviceTests.bthome)])
+    }
+
+    @Test func passiveDevicePayload() async throws {
+        try await withBridge(docsConfig) { h in
+            try advertiseBalcony(h)
+            let message = try await h.mqtt.waitForMessage(on: Self.balconyTopic) {
+                $0.text.contains("blebridge_balcony_temperature_c")
+            }
+            #expect(message.retain)
+            let payload = try JSONReader.parse(message.payload)
+            let bridge = try await h.mqtt.waitForJSON(on: Self.bridgeTopic)
+            let bridgeID = try #require(bridge["dev"]?["ids"]?.items?.first)
+
+            #expect(payload["dev"]?["ids"] == .array([.string("blebridge_balcony")]))
+            #expect(payload["dev"]?["via_device"] == bridgeID)
+            #expect(payload["dev"]?["name"] == .string("balcony"))
+            #expect(payload["dev"]?["cns"] == .array([.array([.string("bluetooth"), .string("a4:c1:38:12:34:56")])]))
+            #expect(payload["o"]?["name"] == .string("blebridge"))
+            #expect(payload["state_topic"] == .string("blebridge/balcony"))
+            #expect(payload["availability_mode"] == .string("all"))
+            let availability = try #require(payload["availability"]?.items)
+            #expect(
+                availability.map { $0["topic"] } == [
+                    .string("blebridge/bridge/state"), .string("blebridge/balcony/availability"),
+                ])
+            #expect(availability.allSatisfy { $0["value_template"] == .string("{{ value_json.state }}") })
+
+            let components = try #require(payload["cmps"])
+            let temperature = try #require(components["blebridge_balcony_temperature_c"])
+            #expect(temperature["p"] == .string("sensor"))
+            #expect(temperature["unique_id"] == .string("blebridge_balcony_temperature_c"))
+            #expect(temperature["device_class"] == .string("temperature"))
+            #expect(temperature["unit_of_measurement"] == .string("°C"))
+            #expect(temperature["state_class"] == .string("measurement"))
+            #expect(temperature["value_template"] == .string("{{ value_json.temperature_c }}"))
+            #expect(components["blebridge_balcony_humidity_pct"]?["device_class"] == .string("humidity"))
+            #expect(components["blebridge_balcony_battery_pct"]?["device_class"] == .string("battery"))
+            #expect(components["blebridge_balcony_rssi"]?["device_class"] == .string("signal_strength"))
+
+            // Every component has a platform and a unique id, which is its key.
+            guard case .object(let entries) = components else { return }
+            for (key, value) in entries {
+                #expect(value["p"]?.string?.isEmpty == false, "\(key)")
+                #expect(value["unique_id"] == .string(key), "\(key)")
+            }
+        }
+    }
+
+    @Test func connectedDeviceComponentsComeFromItsCharacteristics() async throws {
+        let strap = try address(ConnectedDeviceTests.strapAddress)
+        try await withBridge(docsConfig, setup: { try Strap.add($0, strap) }) { h in
+            h.central.advertise(strap, services: [Strap.heartRateService])
+            let payload = try await h.mqtt.waitForJSON(on: "homeassistant/device/blebridge_chest_strap/config") {
+                $0["cmps"]?["blebridge_chest_strap_heart_rate_bpm"] != nil
+            }
+            let components = try #require(payload["cmps"])
+            let heartRate = components["blebridge_chest_strap_heart_rate_bpm"]
+            #expect(heartRate?["p"] == .string("sensor"))
+            #expect(heartRate?["unit_of_measurement"] == .string("bpm"))
+            #expect(heartRate?["state_class"] == .string("measurement"))
+            #expect(components["blebridge_chest_strap_sensor_contact"]?["p"] == .string("binary_sensor"))
+            #expect(components["blebridge_chest_strap_battery_pct"]?["device_class"] == .string("battery"))
+            // A list of intervals is no sensor.
+            #expect(components["blebridge_chest_strap_rr_intervals_s"] == nil)
+        }
+    }
+
+    @Test func writableValueIsANumberEntity() async throws {
+        try await withBridge(docsConfig) { h in
+            let payload = try await h.mqtt.waitForJSON(on: "homeassistant/device/blebridge_radiator/config")
+            let setpoint = try #require(payload["cmps"]?["blebridge_radiator_setpoint_c"])
+            #expect(setpoint["p"] == .string("number"))
+            #expect(setpoint["command_topic"] == .string("blebridge/radiator/set/setpoint_c"))
+            #expect(setpoint["unique_id"] == .string("blebridge_radiator_setpoint_c"))
+            #expect(setpoint["value_template"] == .string("{{ value_json.setpoint_c }}"))
+            #expect(payload["dev"]?["cns"] == .array([.array([.string("bluetooth"), .string("d0:12:34:56:78:9a")])]))
+        }
+    }
+
+    @Test func republishedWhenHomeAssistantComesOnline() async throws {
+        try await withBridge(docsConfig) { h in
+            #expect(h.mqtt.filters.withLock { $0 }.contains("homeassistant/status"))
+            try advertiseBalcony(h)
+            try await h.mqtt.waitForMessage(on: Self.balconyTopic) { $0.text.contains("temperature_c") }
+            let balcony = h.mqtt.messages(on: Self.balconyTopic).count
+            let bridge = h.mqtt.messages(on: Self.bridgeTopic).count
+
+            h.mqtt.inject("homeassistant/status", "offline")
+            h.mqtt.inject("homeassistant/status", "online")
+            let again = try await h.mqtt.waitForMessage(on: Self.balconyTopic, skip: balcony)
+            #expect(again.text.contains("blebridge_balcony_temperature_c"))
+            #expect(again.retain)
+            try await h.mqtt.waitForMessage(on: Self.bridgeTopic, skip: bridge)
+            // Once for "online", nothing for "offline".
+            h.mqtt.inject("blebridge/bridge/request/info", "")
+            try await h.mqtt.waitForMessage(on: "blebridge/bridge/response/info")
+            #expect(h.mqtt.messages(on: Self.balconyTopic).count == balcony + 1)
+            #expect(h.mqtt.messages(on: Self.bridgeTopic).count == bridge + 1)
+        }
+    }
+
+    @Test func disabledDiscoveryPublishesNothing() async throws {
+        let yaml = docsConfig.replacing("allow_raw_gatt: true\n", with: "allow_raw_gatt: true\nhomeassistant: false\n")
+        try await withBridge(yaml) { h in
+            try advertiseBalcony(h)
+            try await h.mqtt.waitForMessage(on: "blebridge/balcony")
+            #expect(!h.mqtt.messages.contains { $0.topic.hasPrefix("homeassistant/") })
+            #expect(!h.mqtt.filters.withLock { $0 }.contains("homeassistant/status"))
+        }
+    }
+}
+
+@Suite struct LifecycleTests {
+    @Test func birthOnConnectAndAgainAfterABrokerOutage() async throws {
+        try await withBridge(docsConfig) { h in
+            let state = try #require(h.mqtt.messages(on: "blebridge/bridge/state").first)
+            #expect(state.text == #"{"state":"online"}"#)
+            #expect(state.retain)
+            let info = try await h.mqtt.waitForMessage(on: "blebridge/bridge/info")
+            #expect(info.retain)
+            let infoJSON = try JSONReader.parse(info.payload)
+            #expect(infoJSON["gateway"] == .string("testgw"))
+            #expect(infoJSON["version"]?.string?.isEmpty == false)
+            try await h.mqtt.waitForMessage(on: "blebridge/bridge/devices") { $0.retain }
+            #expect(
+                Set(h.mqtt.filters.withLock { $0 }).isSuperset(of: [
+                    "blebridge/+/set", "blebridge/+/set/+", "blebridge/+/get", "blebridge/+/get/+",
+                    "blebridge/bridge/request/#",
+                ]))
+
+            h.central.advertise(
+                try address("A4:C1:38:12:34:56"),
+                serviceData: [PassiveDeviceTests.bthomeUUID: try hexBytes(PassiveDeviceTests.bthome)])
+            try await h.mqtt.waitForMessage(on: "blebridge/balcony/availability")
+
+            // The broker published our will meanwhile: birth and availability again.
+            h.mqtt.setState(.disconnected(reason: "keepalive timeout"))
+            h.mqtt.setState(.connecting)
+            h.mqtt.setState(.connected)
+            let again = try await h.mqtt.waitForMessage(on: "blebridge/bridge/state", skip: 1)
+            #expect(again.text == #"{"state":"online"}"#)
+            let availability = try await h.mqtt.waitForMessage(on: "blebridge/balcony/availability", skip: 1)
+            #expect(availability.text == #"{"state":"online"}"#)
+            #expect(availability.retain)
+        }
+    }
+
+    @Test func shutdownPublishesOfflineAndReturns() async throws {
+        let strap = try address(ConnectedDeviceTests.strapAddress)
+        try await withBridge(docsConfig, setup: { try Strap.add($0, strap) }) { h in
+            h.central.advertise(
+                try address("A4:C1:38:12:34:56"),
+                serviceData: [PassiveDeviceTests.bthomeUUID: try hexBytes(PassiveDeviceTests.bthome)])
+            h.central.advertise(strap, services: [Strap.heartRateService])
+            try await h.mqtt.waitForMessage(on: "blebridge/balcony/availability") { $0.text.contains("online") }
+            try await h.mqtt.waitForMessage(on: "blebridge/chest_strap/availability") { $0.text.contains("online") }
+            let link = try #require(h.central.links(to: strap).first)
+
+            let started = ContinuousClock.now
+            #expect(await h.stop(within: 5), "run() returns after cancellation")
+            #expect(ContinuousClock.now - started < .seconds(2), "no device holds up the shutdown")
+
+            let all = h.mqtt.messages
+            let lastState = try #require(all.lastIndex { $0.topic == "blebridge/bridge/state" })
+            #expect(all[lastState].text == #"{"state":"offline"}"#)
+            #expect(all[lastState].retain)
+            for topic in ["blebridge/balcony/availability", "blebridge/chest_strap/availability"] {
+                let last = try #require(all.lastIndex { $0.topic == topic })
+                #expect(all[last].text == #"{"state":"offline"}"#, "\(topic)")
+                #expect(all[last].retain)
+                #expect(last < lastState, "\(topic) goes offline before the bridge does")
+            }
+            // A device that never came online has nothing to retract.
+            #expect(h.mqtt.messages(on: "blebridge/radiator/availability").isEmpty)
+            #expect(link.disconnectCalls >= 1)
+            #expect(h.central.stopScans >= 1)
+            #expect(h.central.attempts.count == 1)
+        }
+    }
+
+    @Test func shutdownDuringBackoffReturnsAtOnce() async throws {
+        let strap = try address(ConnectedDeviceTests.strapAddress)
+        try await withBridge(
+            docsConfig,
+            setup: { c in
+                try Strap.add(c, strap)
+                c.failConnects(to: strap, with: [BLEError(.notFound, message: "not found")])
+            }
+        ) { h in
+            h.central.advertise(strap, services: [Strap.heartRateService])
+            try await eventually("backing off") { h.clock.hasSleeper(in: .seconds(4)...(.seconds(6))) }
+            let started = ContinuousClock.now
+            #expect(await h.stop(within: 5))
+            #expect(ContinuousClock.now - started < .seconds(2))
+            #expect(h.central.attempts.count == 1)
+            #expect(h.mqtt.messages(on: "blebridge/bridge/state").last?.text == #"{"state":"offline"}"#)
+        }
+    }
+}

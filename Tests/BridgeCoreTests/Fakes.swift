@@ -1,0 +1,643 @@
+// In-memory ports for the bridge core: a BLE central and its links, an MQTT transport, and a manual clock. Tests
+// drive them (push advertisements, notifications, incoming messages; advance time) and read what the bridge did
+// (connects, subscriptions, writes, publishes). Everything is behind a Mutex, so any task may use them.
+import BridgeCore
+import GATT
+import Logging
+import Synchronization
+import Testing
+
+// MARK: Waiting
+
+/// A wait that did not end in time.
+struct TimeoutError: Error, CustomStringConvertible {
+    /// What was waited for.
+    let description: String
+}
+
+/// Polls `condition` (yielding, then sleeping a millisecond between polls) until it holds or `seconds` of real time
+/// have passed. A bound, never a synchronisation: the condition is what the test waits for.
+func eventually(
+    _ what: @autoclosure () -> String, within seconds: Double = 5, _ condition: () throws -> Bool
+) async throws {
+    let deadline = ContinuousClock.now + .milliseconds(Int64(seconds * 1000))
+    var polls = 0
+    while true {
+        if try condition() { return }
+        if ContinuousClock.now >= deadline {
+            throw TimeoutError(description: "timed out after \(seconds) s: \(what())")
+        }
+        polls += 1
+        if polls < 200 { await Task.yield() } else { try await Task.sleep(for: .milliseconds(1)) }
+    }
+}
+
+// MARK: Clock
+
+/// Manual time. `sleep(until:)` suspends until `advance(by:)` moves `now` past the deadline (or the task is
+/// cancelled); `advance` resumes the due sleepers in deadline order, setting `now` to each deadline in turn.
+final class TestClock: BridgeClock {
+    struct Sleeper {
+        let id: UInt64
+        let deadline: Duration
+        let continuation: CheckedContinuation<Void, any Error>
+    }
+
+    struct State {
+        var now: Duration = .zero
+        var nextID: UInt64 = 0
+        var sleepers: [Sleeper] = []
+    }
+
+    let state = Mutex(State())
+    /// Wall-clock seconds at `now == 0`: 2026-12-01T00:00:00Z.
+    let wallOrigin: Double
+
+    init(wallOrigin: Double = 1_796_083_200) { self.wallOrigin = wallOrigin }
+
+    var now: Duration { state.withLock { $0.now } }
+
+    var wallClock: Double { wallOrigin + now.seconds }
+
+    func sleep(until deadline: Duration) async throws {
+        let id = state.withLock { s -> UInt64 in
+            s.nextID += 1
+            return s.nextID
+        }
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (c: CheckedContinuation<Void, any Error>) in
+                let immediate = state.withLock { s -> Result<Void, any Error>? in
+                    if Task.isCancelled { return .failure(CancellationError()) }
+                    if deadline <= s.now { return .success(()) }
+                    s.sleepers.append(Sleeper(id: id, deadline: deadline, continuation: c))
+                    return nil
+                }
+                if let immediate { c.resume(with: immediate) }
+            }
+        } onCancel: {
+            let c = state.withLock { s -> CheckedContinuation<Void, any Error>? in
+                guard let i = s.sleepers.firstIndex(where: { $0.id == id }) else { return nil }
+                return s.sleepers.remove(at: i).continuation
+            }
+            c?.resume(throwing: CancellationError())
+        }
+    }
+
+    /// Moves time forward by `duration`, resuming every sleeper whose deadline is reached, earliest first.
+    func advance(by duration: Duration) {
+        let target = now + duration
+        while true {
+            let due = state.withLock { s -> [Sleeper]? in
+                guard let earliest = s.sleepers.map(\.deadline).min(), earliest <= target else {
+                    s.now = max(s.now, target)
+                    return nil
+                }
+                s.now = max(s.now, earliest)
+                let due = s.sleepers.filter { $0.deadline == earliest }
+                s.sleepers.removeAll { $0.deadline == earliest }
+                return due
+            }
+            guard let due else { return }
+            for sleeper in due { sleeper.continuation.resume() }
+        }
+    }
+
+    /// The deadlines of the tasks sleeping now, relative to `now`.
+    var pendingDelays: [Duration] {
+        state.withLock { s in s.sleepers.map { $0.deadline - s.now }.sorted() }
+    }
+
+    /// True when some task sleeps with a deadline `range` away from now.
+    func hasSleeper(in range: ClosedRange<Duration>) -> Bool { pendingDelays.contains { range.contains($0) } }
+
+    /// True when some task sleeps until exactly `deadline` (absolute).
+    func hasSleeper(at deadline: Duration) -> Bool {
+        state.withLock { $0.sleepers.contains { $0.deadline == deadline } }
+    }
+
+    /// True when some task sleeps until after `deadline` (absolute).
+    func hasSleeper(after deadline: Duration) -> Bool {
+        state.withLock { $0.sleepers.contains { $0.deadline > deadline } }
+    }
+}
+
+// MARK: BLE link
+
+/// A connected fake device: its characteristics, values to read, recorded writes, notification streams the test
+/// pushes into, and a disconnection the test triggers.
+final class FakeLink: BLELink {
+    /// One write the bridge made.
+    struct Write: Equatable, Sendable {
+        var uuid: BluetoothUUID
+        var value: [UInt8]
+        var withResponse: Bool
+    }
+
+    struct State {
+        var values: [BluetoothUUID: [UInt8]]
+        var readErrors: [BluetoothUUID: BLEError] = [:]
+        var writeErrors: [BluetoothUUID: BLEError] = [:]
+        var reads: [BluetoothUUID] = []
+        var writes: [Write] = []
+        var subscriptions: [BluetoothUUID] = []
+        var streams: [BluetoothUUID: BLENotificationStream.Continuation] = [:]
+        var ended: BLEDisconnection?
+        var nextWaiter: UInt64 = 0
+        var waiters: [UInt64: CheckedContinuation<BLEDisconnection, Never>] = [:]
+        var disconnectCalls = 0
+        /// While true, writes wait (in `heldWrites`) until the test releases them: a slow peripheral.
+        var holdWrites = false
+        var heldWrites: [(value: [UInt8], release: CheckedContinuation<Void, Never>)] = []
+    }
+
+    let address: BLEAddress
+    let adapter: String
+    let characteristics: [BLECharacteristic]
+    let state: Mutex<State>
+
+    init(address: BLEAddress, adapter: String, characteristics: [BLECharacteristic], values: [BluetoothUUID: [UInt8]]) {
+        self.address = address
+        self.adapter = adapter
+        self.characteristics = characteristics
+        state = Mutex(State(values: values))
+    }
+
+    func read(_ characteristic: BLECharacteristic) async throws(BLEError) -> [UInt8] {
+        let result = state.withLock { s -> Result<[UInt8], BLEError> in
+            s.reads.append(characteristic.uuid)
+            if s.ended != nil { return .failure(BLEError(.notConnected, message: "\(address) is not connected")) }
+            if let e = s.readErrors[characteristic.uuid] { return .failure(e) }
+            guard let v = s.values[characteristic.uuid] else {
+                return .failure(BLEError(.notSupported, message: "\(characteristic.uuid) has no value"))
+            }
+            return .success(v)
+        }
+        return try result.get()
+    }
+
+    func write(_ characteristic: BLECharacteristic, _ value: [UInt8], withResponse: Bool) async throws(BLEError) {
+        if state.withLock({ $0.holdWrites }) {
+            await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+                state.withLock { $0.heldWrites.append((value, c)) }
+            }
+        }
+        let result = state.withLock { s -> Result<Void, BLEError> in
+            if s.ended != nil { return .failure(BLEError(.notConnected, message: "\(address) is not connected")) }
+            if let e = s.writeErrors[characteristic.uuid] { return .failure(e) }
+            s.writes.append(Write(uuid: characteristic.uuid, value: value, withResponse: withResponse))
+            s.values[characteristic.uuid] = value
+            return .success(())
+        }
+        try result.get()
+    }
+
+    func notifications(_ characteristic: BLECharacteristic) async throws(BLEError) -> BLENotificationStream {
+        let (stream, continuation) = BLENotificationStream.makeStream()
+        let ok = state.withLock { s -> Bool in
+            guard s.ended == nil else { return false }
+            s.subscriptions.append(characteristic.uuid)
+            s.streams[characteristic.uuid] = continuation
+            return true
+        }
+        guard ok else { throw BLEError(.notConnected, message: "\(address) is not connected") }
+        return stream
+    }
+
+    func waitForDisconnection() async -> BLEDisconnection {
+        let id = state.withLock { s -> UInt64 in
+            s.nextWaiter += 1
+            return s.nextWaiter
+        }
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { (c: CheckedContinuation<BLEDisconnection, Never>) in
+                let now = state.withLock { s -> BLEDisconnection? in
+                    if let e = s.ended { return e }
+                    if Task.isCancelled { return BLEDisconnection(requested: true, reason: "wait cancelled") }
+                    s.waiters[id] = c
+                    return nil
+                }
+                if let now { c.resume(returning: now) }
+            }
+        } onCancel: {
+            let c = state.withLock { $0.waiters.removeValue(forKey: id) }
+            c?.resume(returning: BLEDisconnection(requested: true, reason: "wait cancelled"))
+        }
+    }
+
+    func disconnect() async {
+        state.withLock { $0.disconnectCalls += 1 }
+        end(BLEDisconnection(requested: true, reason: "disconnected by the bridge"))
+    }
+
+    // MARK: Test side
+
+    /// The device sends a notification on `uuid`.
+    func notify(_ uuid: BluetoothUUID, _ value: [UInt8]) {
+        _ = state.withLock { $0.streams[uuid] }?.yield(value)
+    }
+
+    /// The subscription to `uuid` ends with `error`.
+    func failNotifications(_ uuid: BluetoothUUID, _ error: BLEError) {
+        state.withLock { $0.streams[uuid] }?.finish(throwing: error)
+    }
+
+    /// The link ends: on request (the bridge asked, or a shutdown) or not (out of range, timeout).
+    func drop(requested: Bool, reason: String = "org.bluez.Reason.Timeout") {
+        end(BLEDisconnection(requested: requested, reason: reason))
+    }
+
+    func end(_ disconnection: BLEDisconnection) {
+        let waiters = state.withLock { s -> [CheckedContinuation<BLEDisconnection, Never>] in
+            guard s.ended == nil else { return [] }
+            s.ended = disconnection
+            let w = Array(s.waiters.values)
+            s.waiters = [:]
+            return w
+        }
+        for w in waiters { w.resume(returning: disconnection) }
+    }
+
+    /// The values of the writes waiting for `releaseWrite`, oldest first.
+    var heldWrites: [[UInt8]] { state.withLock { $0.heldWrites.map(\.value) } }
+
+    /// Lets the held write at `index` complete.
+    func releaseWrite(at index: Int) {
+        let c = state.withLock { s -> CheckedContinuation<Void, Never>? in
+            guard s.heldWrites.indices.contains(index) else { return nil }
+            return s.heldWrites.remove(at: index).release
+        }
+        c?.resume()
+    }
+
+    var subscriptions: [BluetoothUUID] { state.withLock { $0.subscriptions } }
+    var writes: [Write] { state.withLock { $0.writes } }
+    var reads: [BluetoothUUID] { state.withLock { $0.reads } }
+    var disconnectCalls: Int { state.withLock { $0.disconnectCalls } }
+    var isEnded: Bool { state.withLock { $0.ended != nil } }
+}
+
+// MARK: BLE central
+
+/// A BLE central over a table of fake devices. The test pushes advertisements and adapter/bluetoothd events,
+/// scripts connect failures, and reads back every connect attempt.
+final class FakeCentral: BLECentral {
+    /// A device that can be connected: what its links offer.
+    struct Device {
+        var characteristics: [BLECharacteristic]
+        var values: [BluetoothUUID: [UInt8]]
+    }
+
+    /// One `connect` call.
+    struct Attempt: Equatable, Sendable {
+        var address: BLEAddress
+        var adapter: String
+    }
+
+    struct State {
+        var adapters: [BLEAdapterInfo]
+        var devices: [BLEAddress: Device] = [:]
+        var scriptedErrors: [BLEAddress: [BLEError]] = [:]
+        var attempts: [Attempt] = []
+        var links: [FakeLink] = []
+        var scans: [BLEScanRequest] = []
+        var stopScans = 0
+        var removed: [BLEAddress] = []
+        var started = false
+        var closed = false
+    }
+
+    let state: Mutex<State>
+    let eventStream: AsyncStream<BLECentralEvent>
+    let eventContinuation: AsyncStream<BLECentralEvent>.Continuation
+
+    init(adapters: [String] = ["hci0"]) {
+        let infos = adapters.enumerated().map { i, name in
+            BLEAdapterInfo(name: name, address: "00:1A:7D:DA:71:0\(i)", powered: true)
+        }
+        state = Mutex(State(adapters: infos))
+        (eventStream, eventContinuation) = AsyncStream<BLECentralEvent>.makeStream()
+    }
+
+    func start() async throws(BLEError) -> [BLEAdapterInfo] {
+        state.withLock { s in
+            s.started = true
+            return s.adapters
+        }
+    }
+
+    func events() -> AsyncStream<BLECentralEvent> { eventStream }
+
+    func adapters() -> [BLEAdapterInfo] { state.withLock { $0.adapters } }
+
+    func startScanning(_ request: BLEScanRequest) async throws(BLEError) {
+        state.withLock { $0.scans.append(request) }
+    }
+
+    func stopScanning() async { state.withLock { $0.stopScans += 1 } }
+
+    func connect(_ address: BLEAddress, adapter: String, timeout: Duration) async throws(BLEError) -> any BLELink {
+        let result = state.withLock { s -> Result<FakeLink, BLEError> in
+            s.attempts.append(Attempt(address: address, adapter: adapter))
+            if var errors = s.scriptedErrors[address], !errors.isEmpty {
+                let e = errors.removeFirst()
+                s.scriptedErrors[address] = errors
+                return .failure(e)
+            }
+            guard let device = s.devices[address] else {
+                return .failure(
+                    BLEError(.notFound, name: "org.bluez.Error.DoesNotExist", message: "\(address) not found"))
+            }
+            let link = FakeLink(
+                address: address, adapter: adapter, characteristics: device.characteristics, values: device.values)
+            s.links.append(link)
+            return .success(link)
+        }
+        return try result.get()
+    }
+
+    func removeDevice(_ address: BLEAddress, adapter: String) async throws(BLEError) {
+        state.withLock { $0.removed.append(address) }
+    }
+
+    func close() async { state.withLock { $0.closed = true } }
+
+    // MARK: Test side
+
+    /// Makes `address` connectable with these characteristics and read values.
+    func addDevice(
+        _ address: BLEAddress, _ characteristics: [BLECharacteristic], values: [BluetoothUUID: [UInt8]] = [:]
+    ) {
+        state.withLock { $0.devices[address] = Device(characteristics: characteristics, values: values) }
+    }
+
+    /// The next connects to `address` fail with these errors, in order.
+    func failConnects(to address: BLEAddress, with errors: [BLEError]) {
+        state.withLock { $0.scriptedErrors[address, default: []] += errors }
+    }
+
+    /// Delivers a central event to the bridge.
+    func send(_ event: BLECentralEvent) { eventContinuation.yield(event) }
+
+    /// Delivers an advertisement.
+    func advertise(
+        _ address: BLEAddress, adapter: String = "hci0", name: String? = nil, rssi: Int? = -60,
+        services: [BluetoothUUID] = [], serviceData: [BluetoothUUID: [UInt8]] = [:]
+    ) {
+        send(
+            .advertisement(
+                BLEAdvertisement(
+                    address: address, adapter: adapter, name: name, rssi: rssi, serviceUUIDs: services,
+                    serviceData: serviceData)))
+    }
+
+    var attempts: [Attempt] { state.withLock { $0.attempts } }
+    func attempts(to address: BLEAddress) -> [Attempt] { attempts.filter { $0.address == address } }
+    func connectCount(adapter: String) -> Int { attempts.filter { $0.adapter == adapter }.count }
+    func links(to address: BLEAddress) -> [FakeLink] { state.withLock { $0.links.filter { $0.address == address } } }
+    var scans: [BLEScanRequest] { state.withLock { $0.scans } }
+    var stopScans: Int { state.withLock { $0.stopScans } }
+    var started: Bool { state.withLock { $0.started } }
+}
+
+// MARK: MQTT
+
+/// An MQTT transport that records what is published and lets the test inject messages and connection states.
+final class FakeMQTT: MQTTTransport {
+    let published = Mutex<[BridgeOutgoingMessage]>([])
+    let filters = Mutex<[String]>([])
+    let received = Mutex(0)
+    let incomingStream: AsyncStream<BridgeIncomingMessage>
+    let incomingContinuation: AsyncStream<BridgeIncomingMessage>.Continuation
+    let stateStream: AsyncStream<BridgeTransportState>
+    let stateContinuation: AsyncStream<BridgeTransportState>.Continuation
+
+    init(initialState: BridgeTransportState = .connected) {
+        (incomingStream, incomingContinuation) = AsyncStream<BridgeIncomingMessage>.makeStream()
+        (stateStream, stateContinuation) = AsyncStream<BridgeTransportState>.makeStream()
+        stateContinuation.yield(initialState)
+    }
+
+    func publish(_ message: BridgeOutgoingMessage) throws(BridgeTransportError) {
+        published.withLock { $0.append(message) }
+    }
+
+    func subscribe(_ filter: String) async throws(BridgeTransportError) { filters.withLock { $0.append(filter) } }
+
+    func incoming() -> AsyncStream<BridgeIncomingMessage> { incomingStream }
+
+    func states() -> AsyncStream<BridgeTransportState> { stateStream }
+
+    var statistics: BridgeTransportStatistics {
+        BridgeTransportStatistics(published: published.withLock { $0.count }, received: received.withLock { $0 })
+    }
+
+    // MARK: Test side
+
+    /// A message from the broker.
+    func inject(
+        _ topic: String, _ text: String, responseTopic: String? = nil, correlationData: [UInt8]? = nil
+    ) {
+        received.withLock { $0 += 1 }
+        incomingContinuation.yield(
+            BridgeIncomingMessage(
+                topic: topic, payload: Array(text.utf8), responseTopic: responseTopic, correlationData: correlationData)
+        )
+    }
+
+    /// The broker connection changes state.
+    func setState(_ state: BridgeTransportState) { stateContinuation.yield(state) }
+
+    /// Everything published so far.
+    var messages: [BridgeOutgoingMessage] { published.withLock { $0 } }
+
+    /// What was published on `topic`, in order.
+    func messages(on topic: String) -> [BridgeOutgoingMessage] { messages.filter { $0.topic == topic } }
+
+    /// Waits for a message on `topic` (the `skip` first ones on it ignored) that satisfies `predicate`.
+    @discardableResult
+    func waitForMessage(
+        on topic: String, skip: Int = 0, within seconds: Double = 5,
+        where predicate: (BridgeOutgoingMessage) -> Bool = { _ in true }
+    ) async throws -> BridgeOutgoingMessage {
+        var found: BridgeOutgoingMessage?
+        try await eventually(
+            "a message on \(topic) (after \(skip)); got \(messages(on: topic).map(\.text))", within: seconds
+        ) {
+            found = messages(on: topic).dropFirst(skip).first(where: predicate)
+            return found != nil
+        }
+        guard let found else { throw TimeoutError(description: "no message on \(topic)") }
+        return found
+    }
+
+    /// Waits for a JSON message on `topic` satisfying `predicate`, and returns it parsed.
+    @discardableResult
+    func waitForJSON(
+        on topic: String, skip: Int = 0, within seconds: Double = 5,
+        where predicate: (JSONValue) -> Bool = { _ in true }
+    ) async throws -> JSONValue {
+        let m = try await waitForMessage(on: topic, skip: skip, within: seconds) { m in
+            (try? JSONReader.parse(m.payload)).map(predicate) ?? false
+        }
+        return try JSONReader.parse(m.payload)
+    }
+}
+
+// MARK: Harness
+
+/// A running bridge over fresh fakes.
+struct BridgeHarness {
+    let config: BridgeConfig
+    let central: FakeCentral
+    let mqtt: FakeMQTT
+    let clock: TestClock
+    let logs: MemoryLogHandler
+    let bridge: Bridge
+    let run: Task<Void, Never>
+
+    /// Cancels `run()` and waits (at most `seconds` of real time) for it to return; true when it did.
+    @discardableResult
+    func stop(within seconds: Double = 5) async -> Bool {
+        run.cancel()
+        let task = run
+        // Unstructured waiters: a task group would wait for a hung `run()` too.
+        let (results, continuation) = AsyncStream<Bool>.makeStream()
+        Task {
+            await task.value
+            continuation.yield(true)
+        }
+        let timer = Task {
+            try? await Task.sleep(for: .milliseconds(Int64(seconds * 1000)))
+            continuation.yield(false)
+        }
+        var returned = false
+        for await r in results {
+            returned = r
+            break
+        }
+        timer.cancel()
+        return returned
+    }
+
+    /// Sends a request and waits for its answer on `bridge/response/<op>`.
+    func request(_ op: String, _ body: String = "") async throws -> JSONValue {
+        let topic = "blebridge/bridge/response/\(op)"
+        let before = mqtt.messages(on: topic).count
+        mqtt.inject("blebridge/bridge/request/\(op)", body)
+        return try await mqtt.waitForJSON(on: topic, skip: before)
+    }
+
+    /// Sends `payload` to `topic` (a `/set` or `/get`) and waits for the answer on `<topic>/result`.
+    func command(_ topic: String, _ payload: String) async throws -> JSONValue {
+        let resultTopic = topic.split(separator: "/").prefix(3).joined(separator: "/") + "/result"
+        let before = mqtt.messages(on: resultTopic).count
+        mqtt.inject(topic, payload)
+        return try await mqtt.waitForJSON(on: resultTopic, skip: before)
+    }
+}
+
+/// Loads `yaml`, starts a bridge over fakes, waits until it is up (birth published, commands subscribed, scanning,
+/// ticker asleep), runs `body`, and stops the bridge whatever happens (recording an issue if `run()` hangs).
+func withBridge(
+    _ yaml: String, adapters: [String] = ["hci0"], gatewayName: String = "testgw",
+    setup: (FakeCentral) throws -> Void = { _ in }, _ body: (BridgeHarness) async throws -> Void
+) async throws {
+    let config = try BridgeConfig.load(text: yaml)
+    let central = FakeCentral(adapters: adapters)
+    try setup(central)
+    let mqtt = FakeMQTT()
+    let clock = TestClock()
+    let logs = MemoryLogHandler()
+    let bridge = Bridge(
+        config: config, central: central, mqtt: mqtt, clock: clock, logger: Logger(handler: logs, level: .debug),
+        gatewayName: gatewayName)
+    let run = Task { await bridge.run() }
+    let h = BridgeHarness(
+        config: config, central: central, mqtt: mqtt, clock: clock, logs: logs, bridge: bridge, run: run)
+    do {
+        try await eventually("the bridge is up") {
+            !mqtt.messages(on: "blebridge/bridge/state").isEmpty && central.started && !central.scans.isEmpty
+                && mqtt.filters.withLock { $0.count } >= BridgeTopics(base: "blebridge").subscriptions.count
+                && clock.hasSleeper(in: .seconds(1)...(.seconds(1)))
+        }
+        try await body(h)
+    } catch {
+        let stopped = await h.stop()
+        if !stopped { Issue.record("run() did not return within 5 s of cancellation") }
+        throw error
+    }
+    let stopped = await h.stop()
+    if !stopped { Issue.record("run() did not return within 5 s of cancellation") }
+}
+
+// MARK: Values
+
+/// A parsed address (the literal is known good; a typo fails the test instead of trapping).
+func address(_ text: String) throws -> BLEAddress { try #require(BLEAddress(text)) }
+
+/// A parsed UUID.
+func uuid(_ text: String) throws -> BluetoothUUID { try #require(BluetoothUUID(text)) }
+
+/// A characteristic with BlueZ-like id.
+func characteristic(
+    _ uuid: BluetoothUUID, service: BluetoothUUID, _ flags: Set<String>, id: String? = nil
+) -> BLECharacteristic {
+    BLECharacteristic(
+        id: id ?? "/org/bluez/hci0/dev/char_\(uuid.description)", uuid: uuid, serviceUUID: service, flags: flags)
+}
+
+/// Bytes from hex with optional spaces (`"40 00 01"`).
+func hexBytes(_ text: String) throws -> [UInt8] {
+    let digits = Array(text.filter { !$0.isWhitespace })
+    try #require(digits.count % 2 == 0)
+    var out: [UInt8] = []
+    var i = 0
+    while i < digits.count {
+        out.append(try #require(UInt8(String(digits[i...i + 1]), radix: 16)))
+        i += 2
+    }
+    return out
+}
+
+extension JSONValue {
+    /// The items, if this is an array.
+    var items: [JSONValue]? {
+        if case .array(let a) = self { return a }
+        return nil
+    }
+
+    /// The keys, if this is an object.
+    var keys: [String]? {
+        if case .object(let f) = self { return f.map(\.0) }
+        return nil
+    }
+
+    /// A number close to `value`.
+    func isNumber(near value: Double, tolerance: Double = 1e-9) -> Bool {
+        guard let n = number else { return false }
+        return abs(n - value) <= tolerance
+    }
+}
+
+/// The configuration from the docs' first example.
+let docsConfig = """
+    mqtt:
+      url: mqtt://127.0.0.1:1883
+    allow_raw_gatt: true
+    parsers:
+      - name: acme_setpoint
+        uuid: 6e400020-b5a3-f393-e0a9-e50e24dcca9e
+        fields:
+          - {name: setpoint_c, type: s16le, offset: 0, scale: 0.01}
+    devices:
+      - name: chest_strap
+        match: {service: "180D"}
+        mode: connected
+      - name: balcony
+        match: {address: "A4:C1:38:12:34:56"}
+        mode: passive
+      - name: radiator
+        match: {address: "D0:12:34:56:78:9A"}
+        mode: connected
+        writable: [setpoint_c]
+    """
