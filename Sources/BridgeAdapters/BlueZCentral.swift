@@ -119,7 +119,9 @@ public final class BlueZCentral: BLECentral {
     public func startScanning(_ request: BLEScanRequest) async throws(BLEError) {
         state.withLock { $0.request = request }
         let selected = client.adapters.filter { a in
-            a.powered && (request.adapters.isEmpty || request.adapters.contains(a.name) || request.adapters.contains(a.address))
+            a.powered
+                && (request.adapters.isEmpty || request.adapters.contains(a.name)
+                    || request.adapters.contains(a.address.uppercased()))
         }
         guard !selected.isEmpty else {
             let names = request.adapters.isEmpty ? "any adapter" : request.adapters.joined(separator: ", ")

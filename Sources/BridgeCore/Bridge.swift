@@ -156,7 +156,7 @@ public final class Bridge: Sendable {
         waiter.cancel()
         timer.cancel()
         for r in all where r.data.withLock({ $0.online != nil }) { setAvailability(r, online: false, force: true) }
-        await central.stopScanning()
+        await uncancelled { await self.central.stopScanning() }
         publish(topics.bridgeState, JSONValue.object([("state", .string("offline"))]).bytes, qos: 1, retain: true)
         logger.info("stopped: \(all.count) devices disconnected, bridge offline")
     }
@@ -566,4 +566,10 @@ public final class Bridge: Sendable {
 func waitForever() async {
     let stream = AsyncStream<Void> { _ in }
     for await _ in stream {}
+}
+
+/// Runs clean-up work to the end even when the calling task is cancelled (a D-Bus call made from a cancelled task
+/// is cancelled before it is sent, so a `Disconnect` at shutdown would never reach bluetoothd).
+func uncancelled(_ body: @escaping @Sendable () async -> Void) async {
+    await Task { await body() }.value
 }

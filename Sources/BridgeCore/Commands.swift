@@ -276,9 +276,18 @@ extension Bridge {
             return .success(values)
         }
         if result.ok {
-            var reading = GATTReading()
-            for (k, v) in values { reading.append(k, v.gattValue) }
-            r.merge(reading, now: clock.now, wall: clock.wallClock)
+            // The state takes what was written, decoded back through the same parser (a switch set with "OFF"
+            // shows false, a scaled value its rounded encoding), or the raw hex.
+            for (spec, bytes) in planned {
+                if let name = spec.parserName, let parser = registry.parser(named: name),
+                    let written = try? parser.decode(bytes, context: GATTDecodeContext())
+                {
+                    let names = Set(values.map(\.0))
+                    r.merge(GATTReading(written.fields.filter { names.contains($0.name) }), now: clock.now, wall: clock.wallClock)
+                } else {
+                    r.merge(GATTReading([GATTField(spec.name, .string(hexString(bytes)))]), now: clock.now, wall: clock.wallClock)
+                }
+            }
             requestStatePublish(r)
         }
         return result

@@ -507,7 +507,8 @@ extension BridgeConfig {
             "reconnect", "silence_factor",
         ])
         if let a = n["adapters"] {
-            b.adapters = a.stringList
+            // Addresses upper-case, as BlueZ reports them.
+            b.adapters = a.stringList.map { BLEAddress($0)?.text ?? $0 }
             for (i, name) in b.adapters.enumerated()
             where !(name.hasPrefix("hci") && Int(name.dropFirst(3)) != nil) && BLEAddress(name) == nil {
                 a.fail("[\(i)] \"\(name)\" is not an adapter name (hci0) or address")
@@ -644,8 +645,9 @@ extension BridgeConfig {
         var id: String
         if let friendly {
             id = sanitizeDeviceID(friendly)
-            if id.isEmpty || id == "bridge" {
-                n["name"]?.fail("\"\(friendly)\" cannot be a device name (it has no usable characters or is reserved)")
+            if id.isEmpty || id == "bridge" || id.hasPrefix("bridge_") {
+                n["name"]?.fail(
+                    "\"\(friendly)\" cannot be a device name (it has no usable characters, or 'bridge' is reserved)")
             }
         } else if let a = match.address {
             id = a.compact

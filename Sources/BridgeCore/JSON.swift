@@ -302,10 +302,10 @@ public enum JSONReader {
                         }
                         guard let u = Unicode.Scalar(scalar) else { throw fail("invalid \\u escape") }
                         out += Array(String(Character(u)).utf8)
-                    default: throw fail("invalid escape")
+                    default: throw JSONParseError(offset: i - 1, reason: "invalid escape")
                     }
                 default:
-                    guard b >= 0x20 else { throw fail("control character in a string") }
+                    guard b >= 0x20 else { throw JSONParseError(offset: i - 1, reason: "control character in a string") }
                     out.append(b)
                 }
             }

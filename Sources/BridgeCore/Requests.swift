@@ -105,7 +105,7 @@ extension Bridge {
             task.cancel()
             await task.value
         } else if let link {
-            await link.disconnect()
+            await uncancelled { await link.disconnect() }
         }
         setSession(r, .disconnected)
         publishDevices()
@@ -148,6 +148,9 @@ extension Bridge {
     }
 
     func scanRequest(_ request: JSONValue) async -> CommandOutcome {
+        if let d = request["duration"], d.number == nil {
+            return .failure("duration must be a number of seconds, not \(d.text)")
+        }
         let seconds = request["duration"]?.number ?? 5
         guard seconds > 0, seconds <= 300 else { return .failure("duration must be between 0 and 300 seconds") }
         let collector = ScanCollector()

@@ -77,6 +77,8 @@ extension Bridge {
         let old = r.data.withLock { d -> SessionState in
             let old = d.session
             d.session = state
+            // A wake-up asked for from now on counts; one from before the backoff began does not.
+            if state == .backingOff { d.wakeRequested = false }
             return old
         }
         if old != state { logger.debug("session \(old.rawValue) -> \(state.rawValue)", ["device": r.id]) }
@@ -92,7 +94,7 @@ extension Bridge {
             let usable = s.adapters.filter { a in
                 a.powered
                     && (c.bluetooth.adapters.isEmpty || c.bluetooth.adapters.contains(a.name)
-                        || c.bluetooth.adapters.contains(a.address))
+                        || c.bluetooth.adapters.contains(a.address.uppercased()))
             }
             let free = usable.filter { (s.slots[$0.name] ?? 0) < c.bluetooth.connectionSlots }
             let ranked = free.sorted { a, b in
@@ -112,6 +114,11 @@ extension Bridge {
 
     func releaseSlot(_ adapter: String) {
         engine.withLock { s in s.slots[adapter] = max(0, (s.slots[adapter] ?? 1) - 1) }
+        // A device waiting for a slot gets it now instead of sitting out its backoff.
+        for r in records where r.data.withLock({ $0.session == .backingOff && $0.lastFailure == .noSlots }) {
+            r.wakeSession()
+            break
+        }
     }
 
     /// Why no slot was free.
@@ -132,6 +139,7 @@ extension Bridge {
 
     func connectionLoop(_ r: DeviceRecord) async {
         var attempt = 0
+        var quickDrops = 0
         while !Task.isCancelled {
             let outcome: Result<StreamEnd, BLEError>
             outcome = await connectAndStream(r)
@@ -139,12 +147,15 @@ extension Bridge {
             let kind: BLEError.Kind?
             switch outcome {
             case .success(.stopped):
+                setSession(r, .disconnected)
+                publishDevices()
                 return
             case .success(let end):
                 // A link that did not last counts as a failed attempt, so a device that drops right after
                 // connecting backs off instead of being retried every fraction of a second.
                 let lasted = r.data.withLock { d in d.connectedSince.map { clock.now - $0 } ?? .zero }
-                if lasted < .seconds(30) { attempt += 1 } else { attempt = 0 }
+                if lasted < .seconds(30) { quickDrops += 1 } else { quickDrops = 1 }
+                attempt = 0
                 kind = nil
                 r.data.withLock { $0.lastFailure = nil }
                 let reason: String
@@ -183,11 +194,13 @@ extension Bridge {
             // The first reconnect after a drop is almost immediate (a short pause lets BlueZ finish tearing the link
             // down); a link that keeps dropping backs off like a failing connect.
             let delay =
-                attempt <= 1
+                quickDrops <= 1
                 ? Duration.milliseconds(200)
-                : reconnectPolicy.delay(attempt: attempt - 1, kind: nil, jitter: jitter(r.id, attempt))
-            if attempt > 1 {
-                logger.info("reconnecting in \(formatDelay(delay)) (link dropped \(attempt) times in a row)", ["device": r.id])
+                : reconnectPolicy.delay(attempt: quickDrops - 1, kind: nil, jitter: jitter(r.id, quickDrops))
+            if quickDrops > 1 {
+                logger.info(
+                    "reconnecting in \(formatDelay(delay)) (the link dropped \(quickDrops) times within 30 s of connecting)",
+                    ["device": r.id])
             }
             if await waitForRetry(r, delay: delay) == false { return }
         }
@@ -207,7 +220,6 @@ extension Bridge {
 
     /// Waits `delay`, or less when the device advertises again (wakeSession). False when cancelled.
     func waitForRetry(_ r: DeviceRecord, delay: Duration) async -> Bool {
-        r.data.withLock { $0.wakeRequested = false }
         let deadline = clock.now + delay
         let clock = self.clock
         await withTaskGroup(of: Void.self) { group in
@@ -276,7 +288,7 @@ extension Bridge {
                 streams.append((c, try await link.notifications(c)))
             } catch {
                 if Task.isCancelled {
-                    await link.disconnect()
+                    await uncancelled { await link.disconnect() }
                     return .success(.stopped)
                 }
                 if error.kind == .disconnected || error.kind == .notConnected {
@@ -299,13 +311,13 @@ extension Bridge {
         publishDevices()
         let end = await stream(r, link: link, streams)
         if case .stopped = end {
-            await link.disconnect()
+            await uncancelled { await link.disconnect() }
             setAvailability(r, online: false)
             logger.info("disconnected on request", ["device": r.id])
             publishEvent("disconnected", r, [("reason", .string("requested"))])
         } else if case .linkLost = end {
         } else {
-            await link.disconnect()
+            await uncancelled { await link.disconnect() }
         }
         return .success(end)
     }
@@ -517,7 +529,7 @@ extension Bridge {
             noteCharacteristicFields(r, link.characteristics)
             await body(link)
             r.data.withLock { $0.link = nil }
-            await link.disconnect()
+            await uncancelled { await link.disconnect() }
             setSession(r, previous == .polling ? .discovered : previous)
             return .success(())
         } catch {

@@ -37,7 +37,7 @@ struct Daemon {
         do {
             let adapters = try await central.start()
             let missing = config.bluetooth.adapters.filter { name in
-                !adapters.contains { $0.name == name || $0.address == name }
+                !adapters.contains { $0.name == name || $0.address.uppercased() == name }
             }
             if !missing.isEmpty {
                 logger.error(
