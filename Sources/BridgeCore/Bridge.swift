@@ -17,6 +17,7 @@ public final class Bridge: Sendable {
     let engine: Mutex<EngineState>
     let started: Duration
     let processStatistics: @Sendable () -> [(String, JSONValue)]
+    let configSource: (@Sendable () async -> Result<BridgeConfig, ConfigErrors>)?
 
     struct EngineState {
         var config: BridgeConfig
@@ -33,6 +34,7 @@ public final class Bridge: Sendable {
         var shuttingDown = false
         var counters = BridgeCounters()
         var requestTail: Task<Void, Never>?
+        var heartbeat = ContinuousClock.now
     }
 
     /// Counters for `bridge/health` and metrics.
@@ -60,9 +62,11 @@ public final class Bridge: Sendable {
     public init(
         config: BridgeConfig, central: any BLECentral, mqtt: any MQTTTransport, clock: any BridgeClock,
         logger: Logger, gatewayName: String = "blebridge",
-        processStatistics: @escaping @Sendable () -> [(String, JSONValue)] = { [] }
+        processStatistics: @escaping @Sendable () -> [(String, JSONValue)] = { [] },
+        configSource: (@Sendable () async -> Result<BridgeConfig, ConfigErrors>)? = nil
     ) {
         self.processStatistics = processStatistics
+        self.configSource = configSource
         self.central = central
         self.mqtt = mqtt
         self.clock = clock
@@ -106,6 +110,61 @@ public final class Bridge: Sendable {
 
     /// The counters so far.
     public var counters: BridgeCounters { engine.withLock { $0.counters } }
+
+    /// What the bridge is doing, for the service manager (`READY=1`, `STATUS=`, the watchdog).
+    public struct Status: Sendable, Equatable {
+        /// Connected to the broker.
+        public var mqttConnected: Bool
+        /// bluetoothd on the bus.
+        public var bluetoothdRunning: Bool
+        /// Adapters available.
+        public var adapters: Int
+        /// Devices streaming (connected and subscribed) or online.
+        public var devicesOnline: Int
+        /// Devices known.
+        public var devicesKnown: Int
+        /// When the bridge's main loop last ran (real time: a stalled loop stops moving it).
+        public var heartbeat: ContinuousClock.Instant
+
+        /// `MQTT connected, 3/6 devices online, 1 adapter`.
+        public var text: String {
+            "MQTT \(mqttConnected ? "connected" : "disconnected"), \(devicesOnline)/\(devicesKnown) devices online, "
+                + (bluetoothdRunning ? "\(adapters) adapter\(adapters == 1 ? "" : "s")" : "bluetoothd not running")
+        }
+
+        /// Ready: connected to the broker, with an adapter.
+        public var isReady: Bool { mqttConnected && adapters > 0 }
+
+        /// True while the main loop's heartbeat is younger than `limit`: the service manager's watchdog is fed only
+        /// then, so a stalled loop gets the process restarted.
+        public func allowsWatchdog(now: ContinuousClock.Instant, limit: Duration) -> Bool { now - heartbeat < limit }
+    }
+
+    /// The status now.
+    public var status: Status {
+        let all = records
+        let online = all.filter { $0.data.withLock { $0.online == true } }.count
+        return engine.withLock { s in
+            Status(
+                mqttConnected: s.mqttConnected, bluetoothdRunning: s.bluetoothdRunning, adapters: s.adapters.count,
+                devicesOnline: online, devicesKnown: all.count, heartbeat: s.heartbeat)
+        }
+    }
+
+    /// Loads the configuration again (from the source given at creation) and applies it; an invalid one is rejected
+    /// with its errors on `bridge/logging` and the old one stays in force.
+    public func reloadFromSource() async -> Result<ReloadSummary, ConfigErrors> {
+        guard let configSource else {
+            return .failure(ConfigErrors([ConfigError(path: "", reason: "this bridge has no configuration file")]))
+        }
+        switch await configSource() {
+        case .failure(let errors):
+            for e in errors.errors { logger.error("configuration not reloaded: \(e)") }
+            return .failure(errors)
+        case .success(let new):
+            return .success(await reload(new))
+        }
+    }
 
     func record(_ id: String) -> DeviceRecord? { engine.withLock { $0.devices[id] } }
     var records: [DeviceRecord] { engine.withLock { s in s.order.compactMap { s.devices[$0] } } }
@@ -425,6 +484,7 @@ public final class Bridge: Sendable {
 
     func tick() {
         let now = clock.now
+        engine.withLock { $0.heartbeat = ContinuousClock.now }
         let c = config
         for r in records {
             let (mode, online, lastAdvert, interval) = r.data.withLock { d in

@@ -25,7 +25,7 @@ extension Bridge {
     /// The request operations, for the docs and `bridge/info`.
     public static let requestOperations = [
         "devices", "scan", "device/connect", "device/disconnect", "device/read", "device/write", "device/remove",
-        "health_check", "info",
+        "health_check", "info", "config/reload",
     ]
 
     func handleRequest(_ op: String, _ message: BridgeIncomingMessage) async {
@@ -56,6 +56,18 @@ extension Bridge {
         case "device/connect": outcome = await deviceRequest(request) { r in await self.connectRequest(r) }
         case "device/disconnect": outcome = await deviceRequest(request) { r in await self.disconnectRequest(r) }
         case "device/remove": outcome = await deviceRequest(request) { r in await self.removeRequest(r) }
+        case "config/reload":
+            switch await reloadFromSource() {
+            case .success(let summary):
+                outcome = .success([
+                    ("added", .array(summary.added.map(JSONValue.string))),
+                    ("removed", .array(summary.removed.map(JSONValue.string))),
+                    ("changed", .array(summary.changed.map(JSONValue.string))),
+                    ("needs_restart", .array(summary.needsRestart.map(JSONValue.string))),
+                ])
+            case .failure(let errors):
+                outcome = .failure("the new configuration is invalid, the old one stays: \(errors.errors.map(\.description).joined(separator: "; "))")
+            }
         case "device/read": outcome = await rawGATT(request, write: false)
         case "device/write": outcome = await rawGATT(request, write: true)
         default:

@@ -129,6 +129,6 @@ public enum RunCommand: CLICommand {
         let format: StandardErrorLogHandler.Format =
             args.flags.contains("--log-json") || config.logging.format == "json" ? .json : .text
         let logger = Logger(handler: StandardErrorLogHandler(format: format), level: level)
-        return await Daemon(config: config, logger: logger).run()
+        return await Daemon(config: config, configPath: path, logger: logger).run()
     }
 }

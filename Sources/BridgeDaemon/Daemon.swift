@@ -4,6 +4,7 @@ import BlueZ
 import BridgeAdapters
 import BridgeCore
 import BridgeKit
+import Dispatch
 import GATTCrypto
 import Logging
 
@@ -14,6 +15,7 @@ import Logging
 /// The running daemon.
 struct Daemon {
     let config: BridgeConfig
+    let configPath: String
     let logger: Logger
 
     func run() async -> Int32 {
@@ -56,12 +58,72 @@ struct Daemon {
             await central.close()
             return ExitCode.configError
         }
+        let path = configPath
         let bridge = Bridge(
             config: config, central: PreStartedCentral(central), mqtt: transport, clock: SystemBridgeClock(),
-            logger: logger, gatewayName: host, processStatistics: processStatistics)
-        await cancellingOnInterrupt {
-            await bridge.run()
+            logger: logger, gatewayName: host, processStatistics: processStatistics,
+            configSource: { loadConfig(path) })
+        let notifier = SystemdNotifier()
+        let runTask = Task { await bridge.run() }
+        let queue = DispatchQueue(label: "blebridge.daemon")
+        var sources: [any DispatchSourceSignal] = []
+        for sig in [SIGINT, SIGTERM] {
+            signal(sig, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: sig, queue: queue)
+            source.setEventHandler {
+                // The first signal asks for a clean stop; a second one (the operator insisting) ends the process now.
+                if runTask.isCancelled { exit(128 + sig) }
+                notifier.send("STOPPING=1\nSTATUS=stopping")
+                runTask.cancel()
+            }
+            source.resume()
+            sources.append(source)
         }
+        signal(SIGHUP, SIG_IGN)
+        let hup = DispatchSource.makeSignalSource(signal: SIGHUP, queue: queue)
+        let log = logger.labelled(component: "bridge")
+        hup.setEventHandler {
+            Task {
+                notifier.send("RELOADING=1\nMONOTONIC_USEC=\(monotonicMicroseconds())")
+                log.info("SIGHUP: reloading \(path)")
+                _ = await bridge.reloadFromSource()
+                notifier.send("READY=1\nSTATUS=\(bridge.status.text)")
+            }
+        }
+        hup.resume()
+        sources.append(hup)
+        // READY, STATUS and the watchdog from a timer of their own: a stalled main loop stops the pings.
+        let timer = DispatchSource.makeTimerSource(queue: queue)
+        let period = min(notifier.watchdogInterval ?? .seconds(1), .seconds(1))
+        let watchdogLimit = max((notifier.watchdogInterval ?? .seconds(5)), .seconds(3))
+        let notifyState = NotifyState()
+        timer.schedule(deadline: .now(), repeating: .milliseconds(Int(period.seconds * 1000)))
+        timer.setEventHandler {
+            guard notifier.isActive, !runTask.isCancelled else { return }
+            let status = bridge.status
+            var lines: [String] = []
+            if !notifyState.ready, status.isReady {
+                notifyState.ready = true
+                lines.append("READY=1")
+            }
+            let text = status.text
+            if text != notifyState.lastStatus {
+                notifyState.lastStatus = text
+                lines.append("STATUS=\(text)")
+            }
+            if let interval = notifier.watchdogInterval,
+                ContinuousClock.now - notifyState.lastPing >= interval,
+                status.allowsWatchdog(now: .now, limit: watchdogLimit)
+            {
+                notifyState.lastPing = .now
+                lines.append("WATCHDOG=1")
+            }
+            if !lines.isEmpty { notifier.send(lines.joined(separator: "\n")) }
+        }
+        timer.resume()
+        await runTask.value
+        timer.cancel()
+        for source in sources { source.cancel() }
         await central.close()
         await transport.client.disconnect()
         logger.labelled(component: "bridge").info("exit")
@@ -121,4 +183,18 @@ func processStatistics() -> [(String, JSONValue)] {
         }
     }
     return fields
+}
+
+/// Only touched on the daemon's dispatch queue.
+final class NotifyState: @unchecked Sendable {
+    var ready = false
+    var lastStatus = ""
+    var lastPing = ContinuousClock.now - .seconds(3600)
+}
+
+/// CLOCK_MONOTONIC in microseconds (sd_notify's MONOTONIC_USEC).
+func monotonicMicroseconds() -> Int64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
 }

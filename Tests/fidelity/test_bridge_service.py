@@ -1,0 +1,133 @@
+"""`blebridge run` under a service manager: the sd_notify protocol on a notify socket the test owns, and reloading the
+configuration (SIGHUP, bridge/request/config/reload) without dropping the other devices."""
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+
+from bridge_fixtures import BridgeProcess, Judge, demo_config, broker, demo_sim  # noqa: F401
+from conftest import bin_dir
+
+
+class NotifySocket:
+    """A datagram socket like systemd's: records every message with its arrival time."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="blebridge-notify-")
+        self.path = os.path.join(self.dir, "notify")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.2)
+        self.messages = []
+        self.lock = threading.Lock()
+        self.running = True
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        while self.running:
+            try:
+                data = self.sock.recv(4096)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            with self.lock:
+                self.messages.append((time.monotonic(), data.decode()))
+
+    def lines(self, after=0.0):
+        with self.lock:
+            return [(t, line) for t, m in self.messages if t >= after for line in m.split("\n")]
+
+    def wait(self, predicate, timeout=20, what="notify message"):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [x for x in self.lines() if predicate(x[1])]
+            if found:
+                return found
+            time.sleep(0.05)
+        raise AssertionError(f"no {what}; got {[l for _, l in self.lines()]}")
+
+    def close(self):
+        self.running = False
+        self.sock.close()
+
+
+def start_bridge(config_text, env, notify: NotifySocket, watchdog_usec=2_000_000):
+    environment = dict(env, NOTIFY_SOCKET=notify.path, WATCHDOG_USEC=str(watchdog_usec))
+    return BridgeProcess(config_text, environment)
+
+
+def test_sd_notify_ready_status_watchdog_stopping(broker, demo_sim):
+    notify = NotifySocket()
+    bridge = start_bridge(demo_config(broker.port), demo_sim.env, notify)
+    try:
+        notify.wait(lambda l: l == "READY=1", what="READY=1")
+        notify.wait(lambda l: l.startswith("STATUS=MQTT connected"), what="a STATUS line")
+        notify.wait(lambda l: "devices online" in l and not l.startswith("STATUS=MQTT connected, 0/"), what="devices online")
+        t = time.monotonic()
+        time.sleep(3.5)
+        pings = [x for x in notify.lines(after=t) if x[1] == "WATCHDOG=1"]
+        # WATCHDOG_USEC=2 s: a ping every second.
+        assert 2 <= len(pings) <= 5, pings
+        # A stopped process (its main loop stalled) sends nothing; pings resume when it runs again.
+        bridge.proc.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        time.sleep(2.5)
+        bridge.proc.send_signal(signal.SIGCONT)
+        assert not [x for x in notify.lines(after=stopped + 0.2) if x[1] == "WATCHDOG=1" and x[0] < stopped + 2.4]
+        notify.wait(lambda l: l == "WATCHDOG=1" and True, what="pings after SIGCONT")
+        t = time.monotonic()
+        assert bridge.stop() == 0
+        assert any(l == "STOPPING=1" for _, l in notify.lines(after=t))
+    finally:
+        bridge.close()
+        notify.close()
+
+
+def test_reload_applies_changes_without_touching_other_devices(broker, demo_sim):
+    notify = NotifySocket()
+    j = Judge(broker.port)
+    text = demo_config(broker.port)
+    bridge = start_bridge(text, demo_sim.env, notify)
+    try:
+        j.wait_json("blebridge/chest_strap/availability", lambda v: v == {"state": "online"})
+        j.wait_json("blebridge/enviro/availability", lambda v: v == {"state": "online"})
+        connects_before = demo_sim.counters()["connects"]
+        # Remove the ruuvi, add a second passive device under a new name, change enviro's throttle.
+        start = text.index("  - name: ruuvi")
+        end = text.index("  - name: echo")
+        new = text[:start] + text[end:]
+        new = new.replace("    throttle: 0.5", "    throttle: 1")
+        new += "  - name: ruuvi_again\n    match: {address: \"CB:B8:33:4C:88:4F\"}\n    mode: passive\n"
+        bridge.config.write_text(new)
+        t = time.monotonic()
+        bridge.proc.send_signal(signal.SIGHUP)
+        notify.wait(lambda l: l == "RELOADING=1", what="RELOADING=1")
+        j.wait(lambda m: any(tp == "homeassistant/device/blebridge_ruuvi/config" and not p and ts >= t
+                             for ts, tp, p, _ in m), what="ruuvi leaving Home Assistant")
+        j.wait_json("blebridge/ruuvi/availability", lambda v: v == {"state": "offline"}, after=t)
+        j.wait_json("blebridge/ruuvi_again", lambda v: "temperature_c" in v, after=t, timeout=20)
+        j.wait_json("blebridge/enviro/availability", lambda v: v == {"state": "online"}, after=t, timeout=30)
+        assert [x for x in notify.lines(after=t) if x[1] == "READY=1"], "READY=1 after the reload"
+        # The strap was not touched: no new availability message, it kept streaming.
+        assert not [m for m in j.snapshot() if m[1] == "blebridge/chest_strap/availability" and m[0] >= t]
+        j.wait_json("blebridge/chest_strap", lambda v: "heart_rate_bpm" in v, after=time.monotonic())
+        counters = demo_sim.counters()
+        assert counters["connects"] - connects_before == 1, "only enviro (changed) reconnected"
+        assert "configuration reloaded: 1 added (ruuvi_again), 1 removed (ruuvi), 1 changed (enviro)" in bridge.log()
+        # An invalid configuration is rejected with its errors; the old one stays.
+        bridge.config.write_text(new.replace("mode: passive", "mode: sometimes", 1))
+        t = time.monotonic()
+        j.publish("blebridge/bridge/request/config/reload", "{}")
+        r = j.wait_json("blebridge/bridge/response/config/reload", after=t)
+        assert r["status"] == "error" and "is not one of" in r["error"], r
+        err = j.wait_json("blebridge/bridge/logging", lambda v: "not reloaded" in v["message"], after=t)
+        assert err["level"] == "error"
+        j.wait_json("blebridge/ruuvi_again", lambda v: "temperature_c" in v, after=time.monotonic(), timeout=20)
+    finally:
+        bridge.close()
+        j.close()
+        notify.close()
