@@ -161,7 +161,9 @@ def verdicts(r):
     kind = r.get("kind")
     if kind == "notify" and not r.get("idle"):
         out.append(("devices connected", r["devices_seen"] >= r["devices"]))
-        out.append(("delivered >= 98% nominal", r["delivered_per_s"] >= 0.98 * r["nominal_per_s"]))
+        out.append(("delivered >= 98% nominal" + (
+            " (sim sent %s/s)" % r["sim_sent_per_s"] if (r.get("sim_sent_per_s") or 0) < 0.98 * r["nominal_per_s"]
+            else ""), r["delivered_per_s"] >= 0.98 * r["nominal_per_s"]))
         out.append(("zero loss", r["lost"] == 0 and not r.get("sim_dropped")))
         if "cpu_us_per_msg" in r:
             out.append(("cpu <= %g us/msg" % TARGETS["cpu_us"], r["cpu_us_per_msg"] <= TARGETS["cpu_us"]))
@@ -181,22 +183,23 @@ def verdicts(r):
 def table(path):
     rows = [json.loads(line) for line in open(path) if line.strip()]
     print()
-    print("%-26s %9s %9s %6s %9s %9s %8s %8s %8s %7s %8s" % (
-        "scenario", "nominal/s", "deliver/s", "lost", "bridge", "reference", "p50 ms", "p99 ms", "RSS MB",
+    print("%-26s %9s %9s %9s %6s %9s %9s %8s %8s %8s %7s %8s" % (
+        "scenario", "nominal/s", "sim/s", "deliver/s", "lost", "bridge", "reference", "p50 ms", "p99 ms", "RSS MB",
         "threads", "CPU %"))
-    print("%-26s %9s %9s %6s %9s %9s %8s %8s %8s %7s %8s" % (
-        "", "", "", "", "µs/msg", "µs/msg", "", "", "(HWM)", "", "bridge"))
+    print("%-26s %9s %9s %9s %6s %9s %9s %8s %8s %8s %7s %8s" % (
+        "", "", "", "", "", "µs/msg", "µs/msg", "", "", "(HWM)", "", "bridge"))
     for r in rows:
         ref = r.get("cpu_ref_us_per_msg", r.get("cpu_sim_us_per_msg", ""))
-        print("%-26s %9s %9s %6s %9s %9s %8s %8s %8s %7s %8s" % (
-            r["scenario"], int(r["nominal_per_s"]), r.get("delivered_per_s", r.get("published_per_s", "")),
+        print("%-26s %9s %9s %9s %6s %9s %9s %8s %8s %8s %7s %8s" % (
+            r["scenario"], int(r["nominal_per_s"]), r.get("sim_sent_per_s", r.get("sim_advertisements_per_s", "")), r.get("delivered_per_s", r.get("published_per_s", "")),
             r.get("lost", ""), r.get("cpu_us_per_msg", ""), ref,
             r.get("p50_ms", "") if r["kind"] == "notify" and not r["idle"] else "",
             r.get("p99_ms", "") if r["kind"] == "notify" and not r["idle"] else "",
             r.get("hwm_bridge_mb", ""), r.get("threads_bridge", ""), r.get("cpu_bridge_pct", "")))
     print()
     print("reference: notify = bluez-sim's CPU per notification (it generates and sends each one); passive = the bare")
-    print("libdbus client (bench/dbus-ref.c) per PropertiesChanged signal, in the same window.")
+    print("libdbus client (bench/dbus-ref.c) per PropertiesChanged signal, in the same window. sim/s: what the")
+    print("simulator sent (its counters); below 98% of nominal its generator timers fell behind (a loaded machine).")
     missed = 0
     for r in rows:
         for label, ok in verdicts(r):

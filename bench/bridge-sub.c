@@ -11,6 +11,9 @@
  * again together with VmHWM, VmRSS and Threads (/proc/PID/status), waits --grace seconds for late messages and then
  * writes the records to --out ("m T_NS DEVICE KEY" a line) and the samples to stdout as key=value lines.
  *
+ * With --probe-address/--probe-uuid it also sends latency probes during the window: --probe-rate times a second a
+ * Simulator1.PushNotification whose value is its CLOCK_MONOTONIC time in µs (u32le), which comes back as the key.
+ *
  * build: cc -O2 -o bridge-sub bridge-sub.c $(pkg-config --cflags --libs libmosquitto dbus-1) -lpthread
  */
 #define _GNU_SOURCE

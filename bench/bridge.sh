@@ -50,8 +50,14 @@ fi
 
 echo "== build (release)" >&2
 for product in blebridge bluez-sim; do
-    swift build -c release --product "$product" 2>&1 | grep -vE '^\[[0-9]+/[0-9]+\]|^Building|^Build of product' >&2 || true
+    if ! swift build -c release --product "$product" >"/tmp/bench-build-$$.log" 2>&1; then
+        grep -vE '^\[[0-9]+/[0-9]+\]' "/tmp/bench-build-$$.log" | tail -20 >&2
+        rm -f "/tmp/bench-build-$$.log"
+        echo "release build of $product failed" >&2
+        exit 1
+    fi
 done
+rm -f "/tmp/bench-build-$$.log"
 BIN="$(swift build -c release --show-bin-path)"
 [ -x "$BIN/blebridge" ] && [ -x "$BIN/bluez-sim" ] || { echo "bench/bridge.sh: release build failed" >&2; exit 1; }
 
@@ -142,6 +148,9 @@ run_scenario() {
 
     local alive=1
     kill -0 "$bridge" 2>/dev/null || alive=0
+    # Which threads the bridge has at the end of the window, by name.
+    cat /proc/"$bridge"/task/*/comm 2>/dev/null | sort | uniq -c | sort -rn | head -5 | awk '{printf "%s×%s ", $1, $2}' \
+        >"$dir/threads" || true
     stop "$bridge"
     [ -n "$ref" ] && stop "$ref"
     stop "$sim"
@@ -159,6 +168,7 @@ run_scenario() {
         >>"$WORK/results.jsonl" 2>"$dir/summary"
     sed -n '1,200p' "$dir/summary" | tr -d '\n' | sed 's/  */ /g' >&2
     echo >&2
+    echo "-- $name: bridge threads by name: $(cat "$dir/threads")" >&2
 }
 
 IFS=, read -r -a selected <<<"$ONLY"

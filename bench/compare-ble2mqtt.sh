@@ -31,8 +31,14 @@ done
 
 echo "== build (release)" >&2
 for product in blebridge bluez-sim; do
-    swift build -c release --product "$product" 2>&1 | grep -vE '^\[[0-9]+/[0-9]+\]|^Building|^Build of product' >&2 || true
+    if ! swift build -c release --product "$product" >"/tmp/bench-build-$$.log" 2>&1; then
+        grep -vE '^\[[0-9]+/[0-9]+\]' "/tmp/bench-build-$$.log" | tail -20 >&2
+        rm -f "/tmp/bench-build-$$.log"
+        echo "release build of $product failed" >&2
+        exit 1
+    fi
 done
+rm -f "/tmp/bench-build-$$.log"
 BIN="$(swift build -c release --show-bin-path)"
 [ -x "$BIN/blebridge" ] && [ -x "$BIN/bluez-sim" ] || { echo "release build failed" >&2; exit 1; }
 
@@ -88,7 +94,7 @@ REF=$!
 PIDS+=("$REF")
 for _ in $(seq 1 100); do grep -q ready "$WORK/ref.out" && break; sleep 0.05; done
 
-mosquitto_sub -p "$PORT" -t 'ble2mqtt/#' -F '%U %t' >"$WORK/b2m.messages" 2>/dev/null &
+mosquitto_sub -p "$PORT" -t 'ble2mqtt/#' -F '%U %t %p' >"$WORK/b2m.messages" 2>/dev/null &
 B2MSUB=$!
 PIDS+=("$B2MSUB")
 
@@ -119,7 +125,8 @@ stop "$REF"
 stop "$B2MSUB"
 stop "$SIM"
 
-python3 - "$WORK" "$N" "$B2M_OK" "$B2M_WHY" <<'PY'
+python3 - "$WORK" "$N" "$B2M_OK" "$B2M_WHY" "$RATE" <<'PY'
+import re
 import sys
 work, n, ok, why = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
 s = {}
@@ -139,15 +146,18 @@ for line in open(work + "/ref.rec"):
     signals += ws <= int(t) <= we
 b2m_messages = 0
 b2m_states = 0
+b2m_example = None
 for line in open(work + "/b2m.messages"):
-    parts = line.split()
-    if len(parts) == 2 and s["window_start_unix"] <= float(parts[0]) <= s["window_end_unix"]:
+    parts = line.split(" ", 2)
+    if len(parts) == 3 and s["window_start_unix"] <= float(parts[0]) <= s["window_end_unix"]:
         b2m_messages += 1
-        b2m_states += not parts[1].startswith("homeassistant") and "/config" not in parts[1]
+        if re.fullmatch(r"ble2mqtt/0x[0-9a-f]{12}", parts[1]):
+            b2m_states += 1
+            b2m_example = b2m_example or parts[1] + " " + parts[2].strip()
 bridge_messages = s.get("messages_in_window", 0)
 print()
 print("passive: %d RuuviTag advertisers x %g Hz, window %.1f s: the simulator sent %d advertisements (%.1f/s), "
-      "the bare libdbus client saw %d signals" % (n, float(sys.argv[2]) and 1, window, ads, ads / window, signals))
+      "the bare libdbus client saw %d signals" % (n, float(sys.argv[5]), window, ads, ads / window, signals))
 print("%-12s %12s %12s %10s %10s %8s %14s" % ("", "CPU s", "µs/adv", "RSS MB", "HWM MB", "threads", "messages/s"))
 def row(name, messages):
     cpu = s.get("cpu_%s_s" % name)
@@ -166,6 +176,10 @@ if ok and s.get("cpu_bridge_s"):
         s["cpu_ble2mqtt_s"] / s["cpu_bridge_s"], s.get("hwm_ble2mqtt_kb", 0) / max(s.get("hwm_bridge_kb", 1), 1)))
 if not ok:
     print("ble2mqtt could not be measured: " + why)
+elif b2m_example:
+    print("ble2mqtt state message, for example: " + b2m_example)
+else:
+    print("ble2mqtt published no state message in the window (see its log below)")
 print("(bridge = blebridge run; ref = bench/dbus-ref.c, a bare libdbus client; messages/s = state messages published "
       "in the window; ble2mqtt publishes each device every `interval` = 1 s, blebridge on every changed advertisement)")
 PY
