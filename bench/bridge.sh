@@ -14,7 +14,9 @@
 #                                                              the "RSS with 100 devices" figure
 #   passive   500 advertisers × 1 Hz, BTHome v2 and RuuviTag payloads that change with every advertisement
 #             (quick: 50); the bare libdbus client bench/dbus-ref.c receives the same signals in the same window:
-#             CPU ratio bridge/reference ≤ 1.5, zero advertisements lost (distinct payloads published vs sent)
+#             CPU ratio bridge/reference ≤ 1.5, zero advertisements lost (distinct payloads published vs sent);
+#             bench-bridge (Sources/bench-bridge: the project's DBus layer alone, like bench-notify) is a second
+#             reference in the same window, to tell the D-Bus layer's share from the rest of the bridge
 #   idle      10 connected devices × 1 Hz for 20 s (quick: 10 s): the bridge's CPU %
 # Notifications carry a u32le counter (parser bench_seq: {name: seq, type: u32le}) for loss; latency comes from
 # probes: bench/bridge-sub.c has the simulator notify its clock 100 times a second on one more device (see
@@ -49,7 +51,7 @@ else
 fi
 
 echo "== build (release)" >&2
-for product in blebridge bluez-sim; do
+for product in blebridge bluez-sim bench-bridge; do
     if ! swift build -c release --product "$product" >"/tmp/bench-build-$$.log" 2>&1; then
         grep -vE '^\[[0-9]+/[0-9]+\]' "/tmp/bench-build-$$.log" | tail -20 >&2
         rm -f "/tmp/bench-build-$$.log"
@@ -126,13 +128,17 @@ run_scenario() {
     local address
     address="$(sed -n 's/^DBUS_SYSTEM_BUS_ADDRESS=//p' "$dir/sim.out" | head -1)"
 
-    local ref="" refargs=()
+    local ref="" swiftref="" refargs=()
     if [ "$kind" = passive ]; then
         "$WORK/dbus-ref" --bus "$address" --out "$dir/ref.rec" >"$dir/ref.out" 2>&1 &
         ref=$!
         PIDS+=("$ref")
         for _ in $(seq 1 100); do grep -q "ready" "$dir/ref.out" && break; sleep 0.05; done
-        refargs=(--pid "ref=$ref")
+        "$BIN/bench-bridge" --bus "$address" >"$dir/swiftref.out" 2>&1 &
+        swiftref=$!
+        PIDS+=("$swiftref")
+        for _ in $(seq 1 100); do grep -q "ready" "$dir/swiftref.out" && break; sleep 0.05; done
+        refargs=(--pid "ref=$ref" --pid "swiftref=$swiftref")
     fi
 
     DBUS_SYSTEM_BUS_ADDRESS="$address" "$BIN/blebridge" run --config "$dir/bridge.yaml" 2>"$dir/bridge.log" &
@@ -153,6 +159,7 @@ run_scenario() {
         >"$dir/threads" || true
     stop "$bridge"
     [ -n "$ref" ] && stop "$ref"
+    [ -n "$swiftref" ] && stop "$swiftref"
     stop "$sim"
     if [ "$alive" = 0 ]; then
         echo "bench/bridge.sh: $name: blebridge exited during the run; its log:" >&2
