@@ -114,7 +114,7 @@ def notify(name, n, rate, sample_path, record_paths):
         "seq_p50_ms": round(percentile(latencies, 50), 3), "seq_p99_ms": round(percentile(latencies, 99), 3),
         "seq_max_ms": round(latencies[-1], 3) if latencies else None,
         "probes_sent": int(s.get("probes_sent", 0)), "probes_received": len(probe),
-        "p50_ms": round(percentile(probe, 50), 3), "p99_ms": round(percentile(probe, 99), 3),
+        "p50_ms": round(percentile(probe, 50), 3), "p90_ms": round(percentile(probe, 90), 3), "p99_ms": round(percentile(probe, 99), 3),
         "max_ms": round(probe[-1], 3) if probe else None,
         "latency_upper_bound": sent is not None and sent < 0.98 * n * rate * window,
     })
