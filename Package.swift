@@ -52,6 +52,7 @@ let package = Package(
         .executableTarget(name: "bench-gatt", dependencies: ["GATT", "GATTCrypto"]),
         .executableTarget(name: "bench-mqtt", dependencies: ["MQTT"]),
         .executableTarget(name: "bench-notify", dependencies: ["DBus"]),
+        .executableTarget(name: "bench-bridge", dependencies: ["DBus"]),
 
         // Tests.
         .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),
