@@ -102,7 +102,6 @@ extension Bridge {
                         d.lastSeen = learned.lastSeen
                         d.lastSeenWall = learned.lastSeenWall
                         d.advertisedName = learned.advertisedName
-                        d.online = learned.online
                     }
                     s.devices[device.id] = replacement
                     if let a = r.address, s.byAddress[a] === r { s.byAddress.removeValue(forKey: a) }

@@ -26,7 +26,8 @@ import Testing
         let child = try ChildProcess(executable: Self.sleep, arguments: ["30"])
         let start = ContinuousClock.now
         await child.stop(grace: 5)
-        #expect(ContinuousClock.now - start < .seconds(2))
+        // Well inside the 5 s grace, so SIGTERM (not a SIGKILL after the grace) ended it, even on a loaded machine.
+        #expect(ContinuousClock.now - start < .seconds(4.5))
         #expect(child.process.terminationReason == .uncaughtSignal)
         #expect(child.process.terminationStatus == SIGTERM)
         let status = try await offPool {
@@ -42,7 +43,8 @@ import Testing
         #expect(bus.address.hasPrefix("unix:path=\(bus.directory.url.path)/bus"))
         let start = ContinuousClock.now
         await bus.stop()
-        #expect(ContinuousClock.now - start < .seconds(2))
+        // Well inside the 5 s grace, so SIGTERM (not a SIGKILL after the grace) ended it, even on a loaded machine.
+        #expect(ContinuousClock.now - start < .seconds(4.5))
         #expect(bus.daemon.process.terminationReason == .exit)
     }
 
