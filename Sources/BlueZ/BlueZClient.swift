@@ -49,6 +49,8 @@ public final class BlueZClient: Sendable {
         var connection: DBusConnection
         /// True between losing the bus connection and opening a new one.
         var busLost = false
+        /// The bus refused our GetManagedObjects (its policy denies us org.bluez); nil once it succeeded.
+        var accessDenied: BlueZDBusFailure?
     }
     let core: Mutex<Core>
 
@@ -124,7 +126,17 @@ public final class BlueZClient: Sendable {
             shot.complete(false)
         }
         defer { timer.cancel() }
-        switch await shot.value() {
+        let value = await shot.value()
+        if value != true, let denied = core.withLock({ $0.accessDenied }) {
+            throw .notPermitted(
+                device: nil,
+                operation: "read BlueZ's object tree: the system bus's D-Bus policy does not let this user call "
+                    + "org.bluez (BlueZ's policy, /etc/dbus-1/system.d/bluetooth.conf, allows root and the "
+                    + "'bluetooth' group: add the user to that group, e.g. 'usermod -aG bluetooth USER', or set "
+                    + "SupplementaryGroups=bluetooth in its systemd unit)",
+                failure: denied)
+        }
+        switch value {
         case true?: return
         case false?: throw .timeout(device: nil, operation: "loading BlueZ's object tree", seconds: timeout.seconds)
         case nil: throw .cancelled(operation: "loading BlueZ's object tree")
@@ -569,9 +581,21 @@ enum BlueZClientPump {
                     destination: owner, path: "/", interface: BlueZName.objectManager, method: "GetManagedObjects",
                     timeout: .seconds(10))
                 guard let client = box.value, !Task.isCancelled else { return }
+                client.core.withLock { $0.accessDenied = nil }
                 client.load(reply, settled: settled)
                 break
             } catch {
+                if error.name == DBusError.accessDenied, let client = box.value {
+                    // Not a daemon still starting: the bus's policy refuses us. start() says so (and how to fix it)
+                    // at once; retrying goes on in case the policy is changed while we run.
+                    let first = client.core.withLock { core -> Bool in
+                        let first = core.accessDenied == nil
+                        core.accessDenied = BlueZDBusFailure(error)
+                        return first
+                    }
+                    if first { client.logger.error("org.bluez refused GetManagedObjects: \(error)") }
+                    settled.complete(false)
+                }
                 // bluetoothd may own the name before it exports its ObjectManager.
                 box.value?.logger.debug("GetManagedObjects failed (attempt \(attempt)): \(error)")
                 await nap(backoff.take())

@@ -49,6 +49,12 @@ struct Daemon {
                 return ExitCode.configError
             }
         } catch {
+            if error.kind == .notPermitted {
+                // A D-Bus policy denial does not go away by waiting: say what to change and stop.
+                logger.error("\(error.message)")
+                await central.close()
+                return ExitCode.notPermitted
+            }
             logger.warning("\(error.message); the bridge starts and waits for bluetoothd")
         }
         do {

@@ -131,3 +131,58 @@ def test_reload_applies_changes_without_touching_other_devices(broker, demo_sim)
         bridge.close()
         j.close()
         notify.close()
+
+
+DENY_BLUEZ_POLICY = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path={socket}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <allow own="*"/>
+    <allow send_type="method_call"/>
+    <allow send_type="signal"/>
+    <allow send_type="method_return"/>
+    <allow send_type="error"/>
+    <allow receive_type="method_call"/>
+    <allow receive_type="signal"/>
+    <allow receive_type="method_return"/>
+    <allow receive_type="error"/>
+    <deny send_destination="org.bluez" send_interface="org.freedesktop.DBus.ObjectManager"/>
+  </policy>
+</busconfig>
+"""
+
+
+def test_a_dbus_policy_denial_names_the_fix(broker, tmp_path):
+    import shutil
+    from sim_fixtures import DEMO_SCENARIO
+    socket_path = tmp_path / "bus"
+    conf = tmp_path / "bus.conf"
+    conf.write_text(DENY_BLUEZ_POLICY.format(socket=socket_path))
+    daemon = subprocess.Popen([shutil.which("dbus-daemon") or "/usr/bin/dbus-daemon", f"--config-file={conf}",
+                               "--nofork", "--nopidfile", "--print-address=1"], stdout=subprocess.PIPE, text=True)
+    sim = None
+    try:
+        address = daemon.stdout.readline().strip()
+        env = dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=address)
+        sim = subprocess.Popen([str(bin_dir() / "bluez-sim"), "--scenario", str(DEMO_SCENARIO)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        deadline = time.time() + 15
+        while time.time() < deadline and "ready" not in (sim.stdout.readline() or ""):
+            pass
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(f"mqtt: {{url: mqtt://127.0.0.1:{broker.port}}}\n")
+        r = subprocess.run([str(bin_dir() / "blebridge"), "run", "--config", str(cfg)], env=env, capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode == 77, r
+        assert "D-Bus policy does not let this user call org.bluez" in r.stderr, r.stderr
+        assert "'bluetooth' group" in r.stderr and "SupplementaryGroups=bluetooth" in r.stderr
+    finally:
+        if sim:
+            sim.kill()
+            sim.wait()
+        daemon.kill()
+        daemon.wait()
