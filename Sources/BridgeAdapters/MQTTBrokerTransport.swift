@@ -68,6 +68,17 @@ public final class MQTTBrokerTransport: MQTTTransport {
         }
     }
 
+    /// Publishes (or queues) and returns the delivery, to wait for the broker's acknowledgement.
+    public func sendTracked(_ message: BridgeOutgoingMessage) throws(BridgeTransportError) -> MQTTDelivery {
+        let qos: MQTTQoS = message.qos >= 2 ? .exactlyOnce : (message.qos == 1 ? .atLeastOnce : .atMostOnce)
+        do {
+            return try client.send(
+                MQTTOutgoingMessage(topic: message.topic, payload: message.payload, qos: qos, retain: message.retain))
+        } catch {
+            throw BridgeTransportError(error.description)
+        }
+    }
+
     /// Publishes and waits for the broker's acknowledgement (or `timeout`); false when it did not come.
     public func publishAndWait(_ message: BridgeOutgoingMessage, timeout: Duration) async -> Bool {
         let qos: MQTTQoS = message.qos >= 1 ? .atLeastOnce : .atMostOnce

@@ -18,6 +18,7 @@ public final class Bridge: Sendable {
     let started: Duration
     let processStatistics: @Sendable () -> [(String, JSONValue)]
     let configSource: (@Sendable () async -> Result<BridgeConfig, ConfigErrors>)?
+    let store: (any BridgeStateStore)?
 
     struct EngineState {
         var config: BridgeConfig
@@ -63,8 +64,10 @@ public final class Bridge: Sendable {
         config: BridgeConfig, central: any BLECentral, mqtt: any MQTTTransport, clock: any BridgeClock,
         logger: Logger, gatewayName: String = "blebridge",
         processStatistics: @escaping @Sendable () -> [(String, JSONValue)] = { [] },
-        configSource: (@Sendable () async -> Result<BridgeConfig, ConfigErrors>)? = nil
+        configSource: (@Sendable () async -> Result<BridgeConfig, ConfigErrors>)? = nil,
+        store: (any BridgeStateStore)? = nil
     ) {
+        self.store = store
         self.processStatistics = processStatistics
         self.configSource = configSource
         self.central = central
@@ -174,7 +177,9 @@ public final class Bridge: Sendable {
     /// Runs until cancelled, then shuts down in order and returns.
     public func run() async {
         let log = logger
+        loadState()
         await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.runStateSaver() }
             group.addTask { await self.consumeMQTTStates() }
             group.addTask { await self.consumeCommands() }
             group.addTask { await self.subscribeCommands() }
@@ -217,6 +222,7 @@ public final class Bridge: Sendable {
         for r in all where r.data.withLock({ $0.online != nil }) { setAvailability(r, online: false, force: true) }
         await uncancelled { await self.central.stopScanning() }
         publish(topics.bridgeState, JSONValue.object([("state", .string("offline"))]).bytes, qos: 1, retain: true)
+        saveState()
         logger.info("stopped: \(all.count) devices disconnected, bridge offline")
     }
 

@@ -45,7 +45,10 @@ extension Bridge {
         publishInfo()
         publishDevices()
         for r in records {
-            if let online = r.data.withLock({ $0.online }) { setAvailability(r, online: online, force: true) }
+            let (online, hasState) = r.data.withLock { ($0.online, !$0.fields.isEmpty) }
+            if let online { setAvailability(r, online: online, force: true) }
+            // A retained state restored from the last run is right again at once.
+            if hasState, r.config.retain ?? config.mqtt.retain { publishState(r) }
         }
         publishAllDiscovery()
     }

@@ -183,6 +183,8 @@ public struct MQTTSettings: Sendable, Hashable {
     public var retain: Bool = false
     /// Messages held while the broker is away.
     public var offlineQueue: Int = 10000
+    /// `offline_queue: disk`: QoS 1 messages are journaled under the state directory until acknowledged.
+    public var offlineQueueOnDisk = false
     /// Largest accepted incoming payload, bytes.
     public var maxPayload: Int = 65536
     /// Resume the broker-side session (`clean_session: false`).
@@ -462,7 +464,13 @@ extension BridgeConfig {
         if let k = n["keepalive"]?.seconds(5...65535) { m.keepAlive = k }
         if let q = n["qos"]?.integer(0...2) { m.qos = q }
         if let r = n["retain"]?.bool { m.retain = r }
-        if let q = n["offline_queue"]?.integer(1...10_000_000) { m.offlineQueue = q }
+        if let q = n["offline_queue"] {
+            if q.node.scalar == "disk" {
+                m.offlineQueueOnDisk = true
+            } else if let v = q.integer(1...10_000_000) {
+                m.offlineQueue = v
+            }
+        }
         if let b = n["clean_session"]?.bool { m.cleanSession = b }
         if let d = n["session_expiry"]?.seconds(0...4_294_967_295) { m.sessionExpiry = d }
         if let i = n["max_inflight"]?.integer(1...32768) { m.maxInflight = i }

@@ -130,6 +130,12 @@ public struct JSONParseError: Error, Sendable, Equatable, CustomStringConvertibl
     public var offset: Int
     /// What is wrong.
     public var reason: String
+    /// An error at `offset`.
+    public init(offset: Int, reason: String) {
+        self.offset = offset
+        self.reason = reason
+    }
+
     /// `invalid JSON at offset N: reason`.
     public var description: String { "invalid JSON at offset \(offset): \(reason)" }
 }

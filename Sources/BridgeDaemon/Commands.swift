@@ -92,12 +92,14 @@ public enum RunCommand: CLICommand {
     public static let summary = "run the bridge: configured sensors to MQTT, and commands back"
     /// Usage.
     public static let usage = """
-        usage: blebridge run --config FILE [--log-level LEVEL] [--log-json]
+        usage: blebridge run --config FILE [--state-dir DIR] [--log-level LEVEL] [--log-json]
 
         Runs the bridge until SIGTERM or SIGINT. FILE is documented in config/README.md.
           --config FILE       the configuration (YAML or JSON)
           --log-level LEVEL   trace, debug, info, warning, error (overrides logging.level)
           --log-json          log JSON lines instead of text (overrides logging.format)
+          --state-dir DIR     where the bridge keeps its state across restarts (default: $STATE_DIRECTORY, set by
+                              systemd's StateDirectory=; without either, nothing is kept)
         The BlueZ system bus is the one in DBUS_SYSTEM_BUS_ADDRESS, or the system bus.
         """
 
@@ -105,7 +107,8 @@ public enum RunCommand: CLICommand {
     public static func run(_ arguments: [String]) async -> Int32 {
         let args: BLEArguments
         do {
-            args = try BLEArguments(arguments, valued: ["--config", "--log-level"], flags: ["--log-json"])
+            args = try BLEArguments(
+                arguments, valued: ["--config", "--log-level", "--state-dir"], flags: ["--log-json"])
         } catch {
             writeErr("blebridge run: \(error.message)")
             return ExitCode.usage
@@ -129,6 +132,13 @@ public enum RunCommand: CLICommand {
         let format: StandardErrorLogHandler.Format =
             args.flags.contains("--log-json") || config.logging.format == "json" ? .json : .text
         let logger = Logger(handler: StandardErrorLogHandler(format: format), level: level)
-        return await Daemon(config: config, configPath: path, logger: logger).run()
+        var stateDirectory = args.value("--state-dir") ?? currentEnvironment()["STATE_DIRECTORY"]
+        // systemd may pass several directories separated by ':'; the first is ours.
+        if let first = stateDirectory?.split(separator: ":").first { stateDirectory = String(first) }
+        if config.mqtt.offlineQueueOnDisk, stateDirectory == nil {
+            writeErr("blebridge run: mqtt.offline_queue: disk needs a state directory (--state-dir or StateDirectory=)")
+            return ExitCode.configError
+        }
+        return await Daemon(config: config, configPath: path, stateDirectory: stateDirectory, logger: logger).run()
     }
 }

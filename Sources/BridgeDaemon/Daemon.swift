@@ -16,6 +16,7 @@ import Logging
 struct Daemon {
     let config: BridgeConfig
     let configPath: String
+    let stateDirectory: String?
     let logger: Logger
 
     func run() async -> Int32 {
@@ -65,10 +66,18 @@ struct Daemon {
             return ExitCode.configError
         }
         let path = configPath
+        if let stateDirectory { mkdir(stateDirectory, 0o700) }
+        var mqtt: any MQTTTransport = transport
+        var journal: DiskQueuedTransport?
+        if config.mqtt.offlineQueueOnDisk, let stateDirectory {
+            let disk = DiskQueuedTransport(base: transport, directory: stateDirectory, logger: logger)
+            journal = disk
+            mqtt = disk
+        }
         let bridge = Bridge(
-            config: config, central: PreStartedCentral(central), mqtt: transport, clock: SystemBridgeClock(),
+            config: config, central: PreStartedCentral(central), mqtt: mqtt, clock: SystemBridgeClock(),
             logger: logger, gatewayName: host, processStatistics: processStatistics,
-            configSource: { loadConfig(path) })
+            configSource: { loadConfig(path) }, store: stateDirectory.map { FileStateStore(directory: $0) })
         let notifier = SystemdNotifier()
         let runTask = Task { await bridge.run() }
         let queue = DispatchQueue(label: "blebridge.daemon")
@@ -126,9 +135,15 @@ struct Daemon {
             }
             if !lines.isEmpty { notifier.send(lines.joined(separator: "\n")) }
         }
+        let syncTimer = DispatchSource.makeTimerSource(queue: queue)
+        syncTimer.schedule(deadline: .now() + 1, repeating: 1)
+        syncTimer.setEventHandler { journal?.sync() }
+        syncTimer.resume()
         timer.resume()
         await runTask.value
         timer.cancel()
+        syncTimer.cancel()
+        journal?.sync()
         for source in sources { source.cancel() }
         await central.close()
         await transport.client.disconnect()
