@@ -48,7 +48,8 @@ public enum MetricsHTTPError: Error, Equatable, CustomStringConvertible {
 /// 32 connections), so nothing a client sends can crash the process.
 ///
 /// Lifetime: ``start(handler:)`` binds and starts the thread; ``stop()`` (also run by `deinit`) closes the socket and
-/// returns once the thread has finished, after which the handler is never called again.
+/// returns once the thread has finished, after which the handler is never called again. Keep the server referenced
+/// outside the handler and do not capture it in the handler: the server thread cannot stop itself.
 public final class MetricsHTTPServer: Sendable {
     /// The listen value as given, e.g. `127.0.0.1:9464`.
     public let listen: String
