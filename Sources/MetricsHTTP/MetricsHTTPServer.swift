@@ -84,8 +84,9 @@ public final class MetricsHTTPServer: Sendable {
             let context = Unmanaged.passRetained(ServerContext(handler: handler, logger: logger))
             let dualStack = address.host == .any && Self.ipv6Available()
             let (daemon, code) = address.withSocketAddress(dualStack: dualStack) { socketAddress, isIPv6 in
-                // poll(2), not epoll: level-triggered, so a client that sends a request fragment and then closes is noticed at
-                // once (with epoll's edge trigger libmicrohttpd waits for the idle timeout), and no FD_SETSIZE limit.
+                // poll(2), not epoll: level-triggered, so a client that sends a request fragment and then closes
+                // is noticed at once (with epoll's edge trigger libmicrohttpd waits for the idle timeout), and no
+                // FD_SETSIZE limit as with select(2).
                 var flags = MHD_USE_INTERNAL_POLLING_THREAD.rawValue | MHD_USE_POLL.rawValue
                 flags |= MHD_USE_ERROR_LOG.rawValue
                 if isIPv6 { flags |= dualStack ? MHD_USE_DUAL_STACK.rawValue : MHD_USE_IPv6.rawValue }
@@ -119,6 +120,19 @@ public final class MetricsHTTPServer: Sendable {
         // The thread has finished, so no callback holds the context any more.
         stopped.context.release()
         logger.debug("stopped serving HTTP on \(listen)")
+    }
+
+    /// A handler that serves `render()`'s exposition at `path` with ``PrometheusText/contentType`` and 404 for every
+    /// other path. `render` runs on the server thread for each scrape.
+    public static func prometheusHandler(
+        path: String = "/metrics", render: @escaping @Sendable () -> PrometheusText
+    ) -> MetricsHTTPHandler {
+        { requested in
+            guard requested == path else {
+                return (404, "text/plain; charset=utf-8", Array("not found; metrics are at \(path)\n".utf8))
+            }
+            return (200, PrometheusText.contentType, render().bytes)
+        }
     }
 
     private enum Limits {

@@ -52,9 +52,9 @@ func sampleMetrics() throws(PrometheusTextError) -> PrometheusText {
 let arguments = CommandLine.arguments
 guard arguments.count == 2 else { fail("usage: metrics-sample <listen address, e.g. 127.0.0.1:0>", code: 2) }
 
-let body: [UInt8]
+let sample: PrometheusText
 do {
-    body = try sampleMetrics().bytes
+    sample = try sampleMetrics()
 } catch {
     fail("sample metrics are invalid: \(error)", code: 1)
 }
@@ -70,10 +70,7 @@ let server: MetricsHTTPServer
 do {
     server = try MetricsHTTPServer(
         listen: arguments[1], logger: Logger(handler: StandardErrorLogHandler(), level: .warning))
-    try server.start { path in
-        if path == "/metrics" { return (200, PrometheusText.contentType, body) }
-        return (404, "text/plain; charset=utf-8", Array("not found; metrics are at /metrics\n".utf8))
-    }
+    try server.start(handler: MetricsHTTPServer.prometheusHandler { sample })
 } catch {
     fail("\(error)", code: 1)
 }

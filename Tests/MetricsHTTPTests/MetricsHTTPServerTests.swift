@@ -283,6 +283,29 @@ func startedServer(_ listen: String = "127.0.0.1:0", _ sample: SampleHandler = S
         reused.stop()
     }
 
+    @Test func prometheusHandlerServesItsPathOnly() throws {
+        let server = try MetricsHTTPServer(listen: "127.0.0.1:0", logger: nil)
+        let scrapes = Mutex(0)
+        try server.start(
+            handler: MetricsHTTPServer.prometheusHandler {
+                var text = PrometheusText()
+                let count = scrapes.withLock {
+                    $0 += 1
+                    return $0
+                }
+                try? text.counter(name: "scrapes_total", help: "Scrapes.", value: Double(count))
+                return text
+            })
+        defer { server.stop() }
+        let port = try #require(server.port)
+        let first = try get("/metrics", port: port)
+        #expect(first.status == 200 && first.headers["content-type"] == PrometheusText.contentType)
+        #expect(first.bodyText == "# HELP scrapes_total Scrapes.\n# TYPE scrapes_total counter\nscrapes_total 1\n")
+        #expect(try get("/metrics", port: port).bodyText.hasSuffix("scrapes_total 2\n"))
+        #expect(try get("/", port: port).status == 404)
+        #expect(scrapes.withLock { $0 } == 2)
+    }
+
     @Test func handlerStatusThatDoesNotExistBecomes500() throws {
         let server = try MetricsHTTPServer(listen: "127.0.0.1:0", logger: nil)
         try server.start { _ in (999, "text/plain", []) }
