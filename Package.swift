@@ -2,11 +2,12 @@
 // blebridge: a BLE-to-MQTT bridge for Linux (BlueZ over D-Bus, MQTT over libmosquitto).
 //
 // Layering (dependencies only point downwards):
-//   C module maps (CDBus, CMosquitto, CYAML, CCrypto)
+//   C module maps (CDBus, CMosquitto, CYAML, CCrypto, CMicroHTTPD)
 //   -> DBus (Swift over libdbus) -> BlueZ (typed org.bluez client)
 //   -> MQTT (Swift over libmosquitto)
 //   -> GATT (pure Swift parsers, no C, no I/O); GATTCrypto (AES-CCM from libcrypto, injected into GATT)
 //   -> YAML (libyaml -> a plain value tree with key paths)
+//   -> MetricsHTTP (a metrics HTTP endpoint over libmicrohttpd and a Prometheus text writer; knows nothing of BLE)
 //   Logging (one logger for every layer) sits below all of them.
 //   -> BlueZSimulator (a bluetoothd look-alike over DBus)
 //   -> BridgeKit (what the tools and the daemon share: arguments, exit codes, finding devices, decoding, JSON)
@@ -30,6 +31,7 @@ let package = Package(
         .systemLibrary(name: "CMosquitto", pkgConfig: "libmosquitto", providers: [.apt(["libmosquitto-dev"])]),
         .systemLibrary(name: "CYAML", pkgConfig: "yaml-0.1", providers: [.apt(["libyaml-dev"])]),
         .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
+        .systemLibrary(name: "CMicroHTTPD", pkgConfig: "libmicrohttpd", providers: [.apt(["libmicrohttpd-dev"])]),
 
         // Swift layers.
         .target(name: "Logging"),
@@ -39,12 +41,15 @@ let package = Package(
         .target(name: "GATT"),
         .target(name: "GATTCrypto", dependencies: ["GATT", "CCrypto"]),
         .target(name: "YAML", dependencies: ["CYAML"]),
+        .target(name: "MetricsHTTP", dependencies: ["CMicroHTTPD", "Logging"]),
         .target(name: "BlueZSimulator", dependencies: ["DBus", "YAML"]),
         .target(name: "BridgeKit", dependencies: ["BlueZ", "GATT", "GATTCrypto", "Logging"]),
         .target(name: "BridgeCore", dependencies: ["GATT", "YAML", "Logging"]),
         .target(name: "BridgeAdapters", dependencies: ["BridgeCore", "BridgeKit", "BlueZ", "MQTT", "GATT", "Logging"]),
         .target(name: "BridgeTools", dependencies: ["BridgeKit", "BlueZ", "GATT", "GATTCrypto"]),
-        .target(name: "BridgeDaemon", dependencies: ["BridgeAdapters", "BridgeCore", "BridgeKit", "GATTCrypto", "Logging"]),
+        .target(
+            name: "BridgeDaemon",
+            dependencies: ["BridgeAdapters", "BridgeCore", "BridgeKit", "GATTCrypto", "Logging", "MetricsHTTP"]),
 
         // Executables: wiring only.
         .executableTarget(name: "blebridge", dependencies: ["BridgeTools", "BridgeDaemon", "BridgeKit", "BridgeCore", "MQTT"]),
@@ -53,6 +58,7 @@ let package = Package(
         .executableTarget(name: "bench-mqtt", dependencies: ["MQTT"]),
         .executableTarget(name: "bench-notify", dependencies: ["DBus"]),
         .executableTarget(name: "bench-bridge", dependencies: ["DBus"]),
+        .executableTarget(name: "metrics-sample", dependencies: ["MetricsHTTP", "Logging"]),
 
         // Tests.
         .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),
@@ -64,6 +70,7 @@ let package = Package(
         .testTarget(name: "GATTTests", dependencies: ["GATT", "GATTCrypto", "TestSupport"]),
         .testTarget(name: "CLITests", dependencies: ["TestSupport"]),
         .testTarget(name: "BridgeCoreTests", dependencies: ["BridgeCore", "GATT", "YAML", "Logging"]),
+        .testTarget(name: "MetricsHTTPTests", dependencies: ["MetricsHTTP", "Logging"]),
     ],
     swiftLanguageModes: [.v6]
 )

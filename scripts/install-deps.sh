@@ -4,7 +4,7 @@
 set -euo pipefail
 
 DEBS=(pkg-config libdbus-1-dev dbus-daemon dbus-bin libmosquitto-dev mosquitto mosquitto-clients
-      libyaml-dev libssl-dev bluez openssl)
+      libyaml-dev libssl-dev bluez openssl libmicrohttpd-dev prometheus)
 PY=(bleak paho-mqtt pytest)
 
 SUDO=""
@@ -18,6 +18,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "install-deps: installing Debian packages: ${missing[*]}"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # The tests run their own Prometheus on 127.0.0.1; the packaged service would listen on every address (:9090).
+    if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+        $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    fi
 fi
 
 PYTHON=${PYTHON:-python3}
