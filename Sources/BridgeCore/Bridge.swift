@@ -143,6 +143,34 @@ public final class Bridge: Sendable {
         public func allowsWatchdog(now: ContinuousClock.Instant, limit: Duration) -> Bool { now - heartbeat < limit }
     }
 
+    /// One device as the metrics show it.
+    public struct DeviceMetrics: Sendable, Equatable {
+        /// Its id.
+        public var id: String
+        /// Connected and streaming.
+        public var connected: Bool
+        /// Availability online.
+        public var online: Bool
+        /// Last seen, seconds since 1970.
+        public var lastSeen: Double?
+        /// Messages received.
+        public var messages: Int
+    }
+
+    /// Every device, for the metrics endpoint.
+    public var deviceMetrics: [DeviceMetrics] {
+        records.map { r in
+            r.data.withLock { d in
+                DeviceMetrics(
+                    id: r.id, connected: d.session == .streaming, online: d.online == true, lastSeen: d.lastSeenWall,
+                    messages: d.messages)
+            }
+        }
+    }
+
+    /// The MQTT counters.
+    public var transportStatistics: BridgeTransportStatistics { mqtt.statistics }
+
     /// The status now.
     public var status: Status {
         let all = records

@@ -269,6 +269,8 @@ public struct BridgeConfig: Sendable {
     public var logging = LoggingSettings()
     /// Allow `bridge/request/device/read` and `device/write` on any UUID.
     public var allowRawGATT = false
+    /// `metrics.listen`: the address of the Prometheus endpoint (nil: off).
+    public var metricsListen: String?
     /// How often `bridge/health` is published (zero: never).
     public var healthInterval: Duration = .seconds(60)
     /// Configured devices.
@@ -357,7 +359,7 @@ extension BridgeConfig {
 
     static let topKeys: Set<String> = [
         "mqtt", "homeassistant", "bluetooth", "availability", "logging", "allow_raw_gatt", "devices", "auto_devices",
-        "parsers", "health",
+        "parsers", "health", "metrics",
     ]
 
     static func load(_ root: ConfigNode) -> BridgeConfig {
@@ -372,6 +374,17 @@ extension BridgeConfig {
         if let a = root["availability"] { config.availability = loadAvailability(a) }
         if let l = root["logging"] { config.logging = loadLogging(l) }
         if let r = root["allow_raw_gatt"], let b = r.bool { config.allowRawGATT = b }
+        if let m = root["metrics"] {
+            m.expectMapping(allowed: ["listen"])
+            if let l = m["listen"]?.string {
+                let parts = l.split(separator: ":", omittingEmptySubsequences: false)
+                if parts.count < 2 || Int(parts.last ?? "").map({ !(0...65535).contains($0) }) ?? true {
+                    m["listen"]?.fail("\"\(l)\" is not HOST:PORT (\"127.0.0.1:9464\", \"[::1]:9464\", \":9464\" for every address)")
+                } else {
+                    config.metricsListen = l
+                }
+            }
+        }
         if let h = root["health"] {
             h.expectMapping(allowed: ["interval"])
             if let i = h["interval"]?.seconds(0...86400) { config.healthInterval = i }

@@ -7,6 +7,7 @@ import BridgeKit
 import Dispatch
 import GATTCrypto
 import Logging
+import MetricsHTTP
 
 #if canImport(Glibc)
     import Glibc
@@ -78,6 +79,20 @@ struct Daemon {
             config: config, central: PreStartedCentral(central), mqtt: mqtt, clock: SystemBridgeClock(),
             logger: logger, gatewayName: host, processStatistics: processStatistics,
             configSource: { loadConfig(path) }, store: stateDirectory.map { FileStateStore(directory: $0) })
+        var metrics: MetricsHTTPServer?
+        if let listen = config.metricsListen {
+            do {
+                let server = try MetricsHTTPServer(listen: listen, logger: logger)
+                try server.start(handler: MetricsHTTPServer.prometheusHandler { metricsText(bridge) })
+                metrics = server
+                logger.labelled(component: "metrics").info("Prometheus metrics on http://\(listen)/metrics")
+            } catch {
+                logger.error("configuration: metrics.listen: \(error)")
+                await central.close()
+                await transport.client.disconnect()
+                return ExitCode.configError
+            }
+        }
         let notifier = SystemdNotifier()
         let runTask = Task { await bridge.run() }
         let queue = DispatchQueue(label: "blebridge.daemon")
@@ -141,6 +156,7 @@ struct Daemon {
         syncTimer.resume()
         timer.resume()
         await runTask.value
+        metrics?.stop()
         timer.cancel()
         syncTimer.cancel()
         journal?.sync()

@@ -269,3 +269,50 @@ def test_a_corrupt_state_file_is_set_aside(broker, demo_sim, tmp_path):
         if p.poll() is None:
             p.kill()
         j.close()
+
+
+def test_prometheus_scrapes_the_bridge(broker, demo_sim, tmp_path):
+    import pathlib
+    import urllib.request
+    from test_metrics_prometheus import free_port as port_for, query_until_present, require_tool, stop
+    mport = port_for()
+    text = demo_config(broker.port) + f'metrics: {{listen: "127.0.0.1:{mport}"}}\n'
+    bridge = BridgeProcess(text, demo_sim.env)
+    prom = None
+    try:
+        deadline = time.time() + 30
+        body = b""
+        while time.time() < deadline:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=2).read()
+                if b"blebridge_notifications_received_total" in body and b'device="chest_strap"' in body:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.3)
+        assert b"blebridge_devices_connected" in body, body[:500]
+        check = subprocess.run([require_tool("promtool"), "check", "metrics"], input=body, capture_output=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+        pport = port_for()
+        config = tmp_path / "prometheus.yml"
+        config.write_text("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n"
+                          f"  - job_name: blebridge\n    static_configs:\n      - targets: ['127.0.0.1:{mport}']\n")
+        prom = subprocess.Popen([require_tool("prometheus"), f"--config.file={config}",
+                                 f"--storage.tsdb.path={tmp_path}/data", f"--web.listen-address=127.0.0.1:{pport}",
+                                 "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        base = f"http://127.0.0.1:{pport}"
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                if urllib.request.urlopen(f"{base}/-/ready", timeout=1).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        result = query_until_present(base, "blebridge_notifications_received_total > 0")
+        assert float(result[0]["value"][1]) > 0
+        seen = query_until_present(base, 'blebridge_device_last_seen_timestamp_seconds{device="balcony"}')
+        assert abs(float(seen[0]["value"][1]) - time.time()) < 60
+    finally:
+        if prom:
+            stop(prom)
+        bridge.close()
