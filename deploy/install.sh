@@ -175,10 +175,7 @@ if [ -z "$binary" ]; then
         export PATH="/opt/swift/usr/bin:$PATH"
     fi
     command -v swift >/dev/null 2>&1 || die "swift not found: install the Swift toolchain or pass --binary PATH"
-    say "building the release binary (swift build -c release --static-swift-stdlib --product blebridge)"
-    (cd "$repo" && swift build -c release --static-swift-stdlib --product blebridge \
-        -Xswiftc -file-compilation-dir -Xswiftc .)
-    binary="$(cd "$repo" && swift build -c release --static-swift-stdlib --show-bin-path)/blebridge"
+    binary="$("$here/build-release.sh")"
 fi
 [ -f "$binary" ] || die "binary $binary does not exist"
 
