@@ -14,7 +14,8 @@
 #   --output DIR    where the .deb goes (default: the current directory); its path is printed last
 #   --arch ARCH     Debian architecture (default: dpkg --print-architecture), for a cross-built binary
 #   --version V     package version (default: the version in Sources/BridgeCore/Version.swift, revision -1)
-# Environment: DEBFULLNAME, DEBEMAIL (the maintainer; default: git's user.name and user.email),
+# Environment: STRIP (the strip for a cross-built binary, e.g. aarch64-linux-gnu-strip),
+#   DEBFULLNAME, DEBEMAIL (the maintainer; default: git's user.name and user.email),
 #   SOURCE_DATE_EPOCH (the changelog date and file times; default: the last commit's date).
 set -euo pipefail
 
@@ -44,14 +45,14 @@ while [ $# -gt 0 ]; do
         shift 2
         ;;
     -h | --help)
-        sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *) die "unknown option '$1' (try --help)" ;;
     esac
 done
 
-for tool in dpkg-deb dpkg-shlibdeps strip gzip; do
+for tool in dpkg-deb dpkg-shlibdeps "${STRIP:-strip}" gzip; do
     command -v "$tool" >/dev/null 2>&1 || die "$tool not found (apt-get install dpkg-dev binutils)"
 done
 
@@ -80,7 +81,7 @@ install -d "$pkg/DEBIAN" "$pkg/usr/bin" "$pkg/lib/systemd/system" "$pkg/usr/lib/
     "$pkg/usr/share/man/man1" "$doc/config"
 
 install -m 0755 "$binary" "$pkg/usr/bin/blebridge"
-strip --strip-all --remove-section=.comment --remove-section=.note "$pkg/usr/bin/blebridge"
+"${STRIP:-strip}" --strip-all --remove-section=.comment --remove-section=.note "$pkg/usr/bin/blebridge"
 sed 's|/usr/local/bin/blebridge|/usr/bin/blebridge|g' "$here/blebridge.service" >"$pkg/lib/systemd/system/blebridge.service"
 chmod 0644 "$pkg/lib/systemd/system/blebridge.service"
 install -m 0644 "$here/blebridge.sysusers" "$pkg/usr/lib/sysusers.d/blebridge.conf"

@@ -180,7 +180,7 @@ fi
 [ -f "$binary" ] || die "binary $binary does not exist"
 
 cp "$binary" "$work/blebridge"
-strip --strip-all "$work/blebridge"
+"${STRIP:-strip}" --strip-all "$work/blebridge"
 size=$(stat -c %s "$work/blebridge")
 say "binary: $(awk -v s="$size" 'BEGIN { printf "%.1f MB (%d bytes) stripped", s / 1048576, s }')"
 if [ "$size" -gt $((15 * 1024 * 1024)) ]; then
