@@ -45,7 +45,7 @@ while [ $# -gt 0 ]; do
     --uninstall) uninstall=1; shift ;;
     --no-reload) reload=0; shift ;;
     -h | --help)
-        sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+        awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
         exit 0
         ;;
     *) die "unknown option '$1' (try --help)" ;;
