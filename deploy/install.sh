@@ -3,6 +3,7 @@
 #   /usr/local/bin/blebridge                  release build, Swift standard library linked statically, stripped
 #   /etc/systemd/system/blebridge.service     the unit (deploy/blebridge.service)
 #   /etc/sysusers.d/blebridge.conf            the `blebridge` system user, member of `bluetooth`
+#   /usr/local/share/man/man1/blebridge.1     the man page
 #   /etc/blebridge/config.yaml                config/blebridge.example.yaml, only when there is none yet
 #
 # Usage: deploy/install.sh [--binary PATH] [--root DIR] [--no-reload]
@@ -64,6 +65,7 @@ fi
 bin_path="$root/usr/local/bin/blebridge"
 unit_path="$root/etc/systemd/system/blebridge.service"
 sysusers_path="$root/etc/sysusers.d/blebridge.conf"
+man_path="$root/usr/local/share/man/man1/blebridge.1"
 config_dir="$root/etc/blebridge"
 config_path="$config_dir/config.yaml"
 
@@ -157,6 +159,7 @@ if [ "$uninstall" = 1 ]; then
     fi
     remove "$unit_path"
     remove "$bin_path"
+    remove "$man_path"
     remove_user
     remove "$sysusers_path"
     if systemd_running && [ "$reload" = 1 ]; then
@@ -190,6 +193,7 @@ fi
 put "$work/blebridge" "$bin_path" 0755
 put "$here/blebridge.service" "$unit_path" 0644
 put "$here/blebridge.sysusers" "$sysusers_path" 0644
+put "$here/blebridge.1" "$man_path" 0644
 create_user
 
 config_gid() { awk -F: '$1 == "blebridge" { print $3 }' "$root/etc/group"; }

@@ -363,7 +363,8 @@ def test_install_is_idempotent(release_binary, stripped_binary, tmp_path):
     first = install(root, release_binary)
     assert (root / "usr/local/bin/blebridge").read_bytes() == stripped_binary.read_bytes(), "installed stripped"
     assert (root / "etc/systemd/system/blebridge.service").read_bytes() == UNIT.read_bytes()
-    assert (root / "etc/sysusers.d/blebridge.conf").is_file()
+    assert (root / "etc/sysusers.d/blebridge.conf").read_bytes() == (DEPLOY / "blebridge.sysusers").read_bytes()
+    assert (root / "usr/local/share/man/man1/blebridge.1").read_bytes() == (DEPLOY / "blebridge.1").read_bytes()
     config = root / "etc/blebridge/config.yaml"
     assert config.read_bytes() == (REPO / "config/blebridge.example.yaml").read_bytes()
     assert stat.S_IMODE(config.stat().st_mode) == 0o640
@@ -404,7 +405,13 @@ def test_uninstall_removes_what_it_installed_and_keeps_the_config(release_binary
     config = root / "etc/blebridge/config.yaml"
     config.write_text("# edited\n")
     result = check([DEPLOY / "install.sh", "--root", root, "--uninstall"])
-    for path in ("usr/local/bin/blebridge", "etc/systemd/system/blebridge.service", "etc/sysusers.d/blebridge.conf"):
+    installed = [
+        "usr/local/bin/blebridge",
+        "usr/local/share/man/man1/blebridge.1",
+        "etc/systemd/system/blebridge.service",
+        "etc/sysusers.d/blebridge.conf",
+    ]
+    for path in installed:
         assert not (root / path).exists(), f"{path} left behind"
     assert user_entry(root, "blebridge") is None
     group = (root / "etc/group").read_text()
