@@ -311,6 +311,76 @@ def test_deb_binary_runs_from_a_scratch_root(deb_tree):
     assert build_machine_paths(root / "usr/bin/blebridge") == []
 
 
+OVERLAY_SCRIPT = r"""
+set -eu
+merged="$1"; upper="$2"; work="$3"; deb="$4"
+mount -t overlay overlay -o "lowerdir=/,upperdir=$upper,workdir=$work" "$merged"
+mount -t proc proc "$merged/proc"
+mount --rbind /dev "$merged/dev"
+cp "$deb" "$merged/root/blebridge.deb"
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+in_root() { chroot "$merged" "$@"; }
+report() { echo "== $1"; shift; in_root sh -c "$*" 2>&1 || echo "(exit $?)"; }
+in_root getent passwd blebridge >/dev/null && { echo "the host already has a blebridge user"; exit 3; }
+echo "== install"; in_root dpkg -i /root/blebridge.deb 2>&1
+report user "getent passwd blebridge"
+report groups "id -nG blebridge"
+report config "stat -c '%U:%G %a' /etc/blebridge/config.yaml"
+report version "blebridge --version"
+report enabled "ls /etc/systemd/system/multi-user.target.wants/ 2>/dev/null | grep -c blebridge || true"
+in_root sh -c 'echo "# edited" >> /etc/blebridge/config.yaml'
+echo "== reinstall"; in_root dpkg -i /root/blebridge.deb 2>&1
+report edited "tail -n 1 /etc/blebridge/config.yaml"
+echo "== remove"; in_root dpkg -r blebridge 2>&1
+report removed "ls /usr/bin/blebridge /lib/systemd/system/blebridge.service 2>&1; tail -n 1 /etc/blebridge/config.yaml"
+in_root mkdir -p /var/lib/blebridge
+echo "== purge"; in_root dpkg --purge blebridge 2>&1
+report purged "ls -d /etc/blebridge/config.yaml /var/lib/blebridge 2>&1; getent passwd blebridge | cut -d: -f1"
+"""
+
+
+def overlay_sections(output):
+    sections, current = {}, None
+    for line in output.splitlines():
+        if line.startswith("== "):
+            current = line[3:].strip()
+            sections[current] = []
+        elif current:
+            sections[current].append(line)
+    return {k: "\n".join(v) for k, v in sections.items()}
+
+
+def test_deb_install_upgrade_remove_purge_in_an_overlay_root(deb, tmp_path):
+    # dpkg -i runs the real maintainer scripts, in a chroot whose root is an overlay of this machine's: every
+    # write lands in tmp_path, in a private mount namespace, and the machine itself is not changed.
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a private overlay mount")
+    dirs = [tmp_path / name for name in ("merged", "upper", "work")]
+    for d in dirs:
+        d.mkdir()
+    probe = run(["unshare", "-m", "sh", "-c", f"mount -t overlay overlay -o lowerdir=/,upperdir={dirs[1]},"
+                 f"workdir={dirs[2]} {dirs[0]}"])
+    if probe.returncode != 0:
+        pytest.skip(f"overlay mounts are not permitted here: {probe.stderr.strip()}")
+    shutil.rmtree(dirs[2])
+    dirs[2].mkdir()
+    result = run(["unshare", "-m", "sh", "-c", OVERLAY_SCRIPT, "overlay", *dirs, deb], timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    print(result.stdout)
+    out = overlay_sections(result.stdout)
+    assert "Setting up blebridge" in out["install"], out["install"]
+    assert "systemctl enable --now blebridge" in out["install"], "postinst says what to do next"
+    assert out["user"].startswith("blebridge:x:") and out["user"].endswith(":/var/lib/blebridge:/usr/sbin/nologin")
+    assert "bluetooth" in out["groups"].split(), out["groups"]
+    assert out["config"] == "root:blebridge 640", out["config"]
+    assert re.fullmatch(r"blebridge \d+\.\d+\.\d+\S*", out["version"]), out["version"]
+    assert out["enabled"] == "0", "a first install must not enable the unit"
+    assert out["edited"] == "# edited", "the conffile keeps the administrator's edit"
+    assert "No such file" in out["removed"] and out["removed"].endswith("# edited"), out["removed"]
+    assert out["purged"].count("No such file") == 2, out["purged"]
+    assert out["purged"].splitlines()[-1] == "blebridge", "the system user stays after a purge"
+
+
 def test_lintian(deb):
     need("lintian")
     result = run(["lintian", "--info", "--no-tag-display-limit", deb], timeout=300)
