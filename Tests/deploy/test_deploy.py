@@ -417,8 +417,8 @@ def snapshot(root):
     return state
 
 
-def install(root, binary, *extra):
-    return check([DEPLOY / "install.sh", "--root", root, "--binary", binary, *extra], timeout=120)
+def install(root, binary, *extra, env=None):
+    return check([DEPLOY / "install.sh", "--root", root, "--binary", binary, *extra], timeout=120, env=env)
 
 
 def user_entry(root, name):
@@ -498,3 +498,33 @@ def test_uninstall_removes_what_it_installed_and_keeps_the_config(release_binary
 def test_install_rejects_a_missing_binary(tmp_path):
     result = run([DEPLOY / "install.sh", "--root", scratch_root(tmp_path), "--binary", tmp_path / "nope"])
     assert result.returncode != 0 and "does not exist" in result.stderr
+
+
+def test_install_without_systemd_sysusers_creates_the_group_too(release_binary, tmp_path):
+    # A PATH with every tool of this machine but systemd-sysusers: install.sh falls back to groupadd/useradd.
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for directory in os.environ.get("PATH", "").split(os.pathsep) + ["/usr/sbin", "/sbin"]:
+        if not os.path.isdir(directory):
+            continue
+        for entry in os.scandir(directory):
+            target = tools / entry.name
+            if entry.name != "systemd-sysusers" and not target.exists() and os.access(entry.path, os.X_OK):
+                target.symlink_to(entry.path)
+    for tool in ("useradd", "groupadd", "userdel", "groupdel"):
+        if not (tools / tool).exists():
+            pytest.skip(f"{tool} is not installed")
+    env = dict(os.environ, PATH=str(tools))
+    root = scratch_root(tmp_path)
+    (root / "etc/group").write_text("root:x:0:\n")  # no bluetooth group yet: bluez is not installed there
+    (root / "etc/gshadow").write_text("root:*::\n")
+    install(root, release_binary, env=env)
+    assert re.search(r"^bluetooth:x:\d+:blebridge$", (root / "etc/group").read_text(), re.M)
+    entry = user_entry(root, "blebridge")
+    assert entry and entry.endswith(":/var/lib/blebridge:/usr/sbin/nologin"), entry
+    before = snapshot(root)
+    install(root, release_binary, env=env)
+    assert snapshot(root) == before
+    check([DEPLOY / "install.sh", "--root", root, "--uninstall"], env=env)
+    assert user_entry(root, "blebridge") is None
+    assert re.search(r"^bluetooth:x:\d+:$", (root / "etc/group").read_text(), re.M)
