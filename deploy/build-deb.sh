@@ -82,8 +82,9 @@ install -d "$pkg/DEBIAN" "$pkg/usr/bin" "$pkg/lib/systemd/system" "$pkg/usr/lib/
 
 install -m 0755 "$binary" "$pkg/usr/bin/blebridge"
 "${STRIP:-strip}" --strip-all --remove-section=.comment --remove-section=.note "$pkg/usr/bin/blebridge"
-sed 's|/usr/local/bin/blebridge|/usr/bin/blebridge|g' "$here/blebridge.service" >"$pkg/lib/systemd/system/blebridge.service"
-chmod 0644 "$pkg/lib/systemd/system/blebridge.service"
+unit="$pkg/lib/systemd/system/blebridge.service"
+sed 's|/usr/local/bin/blebridge|/usr/bin/blebridge|g' "$here/blebridge.service" >"$unit"
+chmod 0644 "$unit"
 install -m 0644 "$here/blebridge.sysusers" "$pkg/usr/lib/sysusers.d/blebridge.conf"
 install -m 0644 "$repo/config/blebridge.example.yaml" "$pkg/etc/blebridge/config.yaml"
 gzip -9n <"$here/blebridge.1" >"$pkg/usr/share/man/man1/blebridge.1.gz"
@@ -211,7 +212,7 @@ if [ "$1" = "configure" ]; then
 fi
 
 # As dh_installsystemd --no-enable --no-start: keep an existing enablement, enable nothing on a first install.
-if [ "$1" = "configure" ] || [ "$1" = "abort-upgrade" ] || [ "$1" = "abort-deconfigure" ] || [ "$1" = "abort-remove" ]; then
+case "$1" in configure | abort-upgrade | abort-deconfigure | abort-remove)
     if command -v deb-systemd-helper >/dev/null; then
         if deb-systemd-helper debian-installed 'blebridge.service'; then
             deb-systemd-helper unmask 'blebridge.service' >/dev/null || true
@@ -228,10 +229,12 @@ if [ "$1" = "configure" ] || [ "$1" = "abort-upgrade" ] || [ "$1" = "abort-decon
             deb-systemd-invoke try-restart 'blebridge.service' >/dev/null || true
         fi
     fi
-fi
+    ;;
+esac
 
 if [ "$1" = "configure" ] && [ -z "$2" ]; then
-    echo "blebridge: edit /etc/blebridge/config.yaml, check it with 'blebridge check-config /etc/blebridge/config.yaml',"
+    echo "blebridge: edit /etc/blebridge/config.yaml and check it with"
+    echo "blebridge:   blebridge check-config /etc/blebridge/config.yaml"
     echo "blebridge: then start the bridge with 'systemctl enable --now blebridge'."
 fi
 exit 0

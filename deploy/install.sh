@@ -200,7 +200,8 @@ config_gid() { awk -F: '$1 == "blebridge" { print $3 }' "$root/etc/group"; }
 if [ -e "$config_path" ]; then
     say "kept existing $config_path"
     # A configuration kept by --uninstall is root:root 0640; the service reads it through its group.
-    if [ "$(id -u)" = 0 ] && [ "$(stat -c %g "$config_path")" = 0 ] && [ "$(($(stat -c '%#a' "$config_path") & 4))" = 0 ]; then
+    mode="$(stat -c '%#a' "$config_path")"
+    if [ "$(id -u)" = 0 ] && [ "$(stat -c %g "$config_path")" = 0 ] && [ "$((mode & 4))" = 0 ]; then
         chgrp "$(config_gid)" "$config_path"
         say "made $config_path readable by group blebridge"
     fi

@@ -36,7 +36,9 @@ def run(args, **kwargs):
 def check(args, **kwargs):
     """Runs a command that must succeed; a failure shows its output."""
     result = run(args, **kwargs)
-    assert result.returncode == 0, f"{args} exited {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, (
+        f"{args} exited {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    )
     return result
 
 
@@ -65,7 +67,7 @@ def release_binary():
         path = Path(given)
         assert path.is_file(), f"BLEBRIDGE_RELEASE_BIN={given} does not exist"
         return path
-    result = check([DEPLOY / "build-release.sh"], timeout=1200, stderr=None)
+    result = check([DEPLOY / "build-release.sh"], timeout=1200)
     path = Path(result.stdout.strip().splitlines()[-1])
     assert path.is_file(), f"build-release.sh printed {path}, which does not exist"
     return path
