@@ -207,11 +207,14 @@ def test_binary_links_only_system_libraries(stripped_binary):
 
 
 def build_machine_paths(binary):
-    """Build-machine paths in the binary's strings: the source tree, the toolchain, a .build directory."""
+    """Build-machine paths in the binary's strings: the source tree and the directory holding it, the toolchain,
+    a .build directory, the home directory."""
     strings = check(["strings", "-a", binary]).stdout.splitlines()
-    patterns = [re.escape(str(REPO)), r"/work/", r"/opt/swift", r"(^|/)\.build/", re.escape(str(Path.home()) + "/")]
-    if str(Path.home()) == "/":
-        patterns.pop()
+    places = {REPO, REPO.parent, Path("/opt/swift"), Path.home()}
+    swift = shutil.which("swift")
+    if swift:
+        places.add(Path(swift).resolve().parents[2])  # <toolchain>/usr/bin/swift
+    patterns = [re.escape(str(p) + "/") for p in places if str(p) != "/"] + [r"(^|/)\.build/"]
     pattern = re.compile("|".join(patterns))
     return sorted({s for s in strings if pattern.search(s)})
 
