@@ -4,7 +4,10 @@
 set -euo pipefail
 
 DEBS=(pkg-config libdbus-1-dev dbus-daemon dbus-bin libmosquitto-dev mosquitto mosquitto-clients
-      libyaml-dev libssl-dev bluez openssl libmicrohttpd-dev prometheus)
+      libyaml-dev libssl-dev bluez openssl libmicrohttpd-dev prometheus
+      systemd dpkg-dev binutils passwd)   # deploy tests: systemd-analyze, dpkg-deb/dpkg-shlibdeps, strip, useradd
+# Optional: the deploy tests lint the .deb with lintian when it is there and skip that check otherwise.
+OPTIONAL_DEBS=(lintian)
 PY=(bleak paho-mqtt pytest)
 
 SUDO=""
@@ -22,6 +25,17 @@ if [ ${#missing[@]} -gt 0 ]; then
     if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
         $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
     fi
+fi
+
+optional=()
+for p in "${OPTIONAL_DEBS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || optional+=("$p")
+done
+if [ ${#optional[@]} -gt 0 ]; then
+    echo "install-deps: installing optional Debian packages: ${optional[*]}"
+    [ ${#missing[@]} -gt 0 ] || $SUDO apt-get update -qq || true
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${optional[@]}" >/dev/null ||
+        echo "install-deps: could not install ${optional[*]}; the tests that need it are skipped"
 fi
 
 PYTHON=${PYTHON:-python3}

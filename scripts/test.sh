@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs blebridge's whole test suite on a fresh Debian 12 machine: installs what it needs, builds,
 # runs the Swift tests (unit + integration against a private dbus-daemon, mosquitto and bluez-sim)
-# and the Python fidelity tests (bleak, paho-mqtt, bluetoothctl as independent clients).
+# and the Python fidelity tests (bleak, paho-mqtt, bluetoothctl as independent clients), then the deployment tests
+# (release build, systemd unit, Debian package, deploy/install.sh into scratch roots).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,3 +19,6 @@ python3 -m pytest -q Tests/fidelity
 
 echo "== swift tests"
 swift test --skip-build --parallel --num-workers 2
+
+echo "== deploy tests (release build, systemd unit, .deb, install.sh)"
+python3 -m pytest -q Tests/deploy

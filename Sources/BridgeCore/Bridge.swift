@@ -36,6 +36,7 @@ public final class Bridge: Sendable {
         var counters = BridgeCounters()
         var requestTail: Task<Void, Never>?
         var heartbeat = ContinuousClock.now
+        var lastMQTTFailure: String?
     }
 
     /// Counters for `bridge/health` and metrics.

@@ -24,16 +24,24 @@ extension Bridge {
                     return !was
                 }
                 logger.info("MQTT connected to \(config.mqtt.url)")
+                engine.withLock { $0.lastMQTTFailure = nil }
                 if first { publishBirth() }
             case .connecting:
                 break
             case .disconnected(let reason):
-                let was = engine.withLock { s -> Bool in
+                let (was, repeated) = engine.withLock { s -> (Bool, Bool) in
                     let was = s.mqttConnected
                     s.mqttConnected = false
-                    return was
+                    let repeated = s.lastMQTTFailure == reason
+                    s.lastMQTTFailure = reason
+                    return (was, repeated)
                 }
-                if was { logger.warning("MQTT connection lost (\(reason)); state is queued until it is back") }
+                if was {
+                    logger.warning("MQTT connection lost (\(reason)); state is queued until it is back")
+                } else if !repeated {
+                    // A broker that refuses us (bad credentials, TLS) must say so, once per distinct reason.
+                    logger.error("cannot connect to MQTT: \(reason); retrying")
+                }
             }
         }
     }

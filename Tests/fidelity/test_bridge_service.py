@@ -316,3 +316,29 @@ def test_prometheus_scrapes_the_bridge(broker, demo_sim, tmp_path):
         if prom:
             stop(prom)
         bridge.close()
+
+
+def test_health_is_published_retained_every_interval(broker, demo_sim):
+    text = demo_config(broker.port) + "health: {interval: 1}\n"
+    j = Judge(broker.port)
+    bridge = BridgeProcess(text, demo_sim.env)
+    try:
+        first = j.wait_json("blebridge/bridge/health",
+                            lambda v: v.get("devices", {}).get("chest_strap", {}).get("state") == "streaming",
+                            timeout=30)
+        assert first["healthy"] is True and first["mqtt"]["connected"] is True
+        assert first["process"]["rss_kb"] > 0 and first["process"]["threads"] > 0 and "cpu_s" in first["process"]
+        assert first["adapters"][0]["name"] == "hci0" and first["adapters"][0]["free_slots"] >= 0
+        strap = first["devices"]["chest_strap"]
+        assert strap["availability"] == "online" and strap["messages"] > 0 and strap["last_seen"].endswith("Z")
+        t = time.monotonic()
+        j.wait_json("blebridge/bridge/health", after=t + 0.5, timeout=5)
+        assert [m for m in j.snapshot() if m[1] == "blebridge/bridge/health"][-1][3] is False  # live, not replayed
+        late = Judge(broker.port, filters=("blebridge/bridge/health",))
+        try:
+            late.wait(lambda m: any(r for _, _, _, r in m), what="the retained health message")
+        finally:
+            late.close()
+    finally:
+        bridge.close()
+        j.close()
