@@ -170,8 +170,9 @@ import Testing
             let link = try #require(h.central.links(to: strap).first)
 
             let started = ContinuousClock.now
-            #expect(await h.stop(within: 5), "run() returns after cancellation")
-            #expect(ContinuousClock.now - started < .seconds(2), "no device holds up the shutdown")
+            #expect(await h.stop(within: 15), "run() returns after cancellation")
+            // Under the 5 s cap a device that does not answer would use up: nothing held the shutdown up.
+            #expect(ContinuousClock.now - started < .seconds(4.5), "no device holds up the shutdown")
 
             let all = h.mqtt.messages
             let lastState = try #require(all.lastIndex { $0.topic == "blebridge/bridge/state" })
@@ -203,8 +204,8 @@ import Testing
             h.central.advertise(strap, services: [Strap.heartRateService])
             try await eventually("backing off") { h.clock.hasSleeper(in: .seconds(4)...(.seconds(6))) }
             let started = ContinuousClock.now
-            #expect(await h.stop(within: 5))
-            #expect(ContinuousClock.now - started < .seconds(2))
+            #expect(await h.stop(within: 15))
+            #expect(ContinuousClock.now - started < .seconds(4.5))
             #expect(h.central.attempts.count == 1)
             #expect(h.mqtt.messages(on: "blebridge/bridge/state").last?.text == #"{"state":"offline"}"#)
         }

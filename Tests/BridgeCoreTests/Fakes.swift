@@ -18,7 +18,7 @@ struct TimeoutError: Error, CustomStringConvertible {
 /// Polls `condition` (yielding, then sleeping a millisecond between polls) until it holds or `seconds` of real time
 /// have passed. A bound, never a synchronisation: the condition is what the test waits for.
 func eventually(
-    _ what: @autoclosure () -> String, within seconds: Double = 5, _ condition: () throws -> Bool
+    _ what: @autoclosure () -> String, within seconds: Double = 30, _ condition: () throws -> Bool
 ) async throws {
     let deadline = ContinuousClock.now + .milliseconds(Int64(seconds * 1000))
     var polls = 0
@@ -456,7 +456,7 @@ final class FakeMQTT: MQTTTransport {
     /// Waits for a message on `topic` (the `skip` first ones on it ignored) that satisfies `predicate`.
     @discardableResult
     func waitForMessage(
-        on topic: String, skip: Int = 0, within seconds: Double = 5,
+        on topic: String, skip: Int = 0, within seconds: Double = 30,
         where predicate: (BridgeOutgoingMessage) -> Bool = { _ in true }
     ) async throws -> BridgeOutgoingMessage {
         var found: BridgeOutgoingMessage?
@@ -473,7 +473,7 @@ final class FakeMQTT: MQTTTransport {
     /// Waits for a JSON message on `topic` satisfying `predicate`, and returns it parsed.
     @discardableResult
     func waitForJSON(
-        on topic: String, skip: Int = 0, within seconds: Double = 5,
+        on topic: String, skip: Int = 0, within seconds: Double = 30,
         where predicate: (JSONValue) -> Bool = { _ in true }
     ) async throws -> JSONValue {
         let m = try await waitForMessage(on: topic, skip: skip, within: seconds) { m in
@@ -497,7 +497,7 @@ struct BridgeHarness {
 
     /// Cancels `run()` and waits (at most `seconds` of real time) for it to return; true when it did.
     @discardableResult
-    func stop(within seconds: Double = 5) async -> Bool {
+    func stop(within seconds: Double = 20) async -> Bool {
         run.cancel()
         let task = run
         // Unstructured waiters: a task group would wait for a hung `run()` too.

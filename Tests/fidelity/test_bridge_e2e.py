@@ -505,3 +505,30 @@ def test_poll_on_demand_attribute_output_and_auto_devices(broker, demo_sim):
     finally:
         bridge.close()
         j.close()
+
+
+def test_adapter_away_and_back_and_a_forgotten_device(rig):
+    bridge = rig.bridge()
+    j = rig.judge
+    j.wait_json("blebridge/chest_strap/availability", online("online"))
+    j.wait_json("blebridge/enviro/availability", online("online"))
+    # The dongle is unplugged: its links drop, devices go offline; plugged back, everything returns.
+    t = time.monotonic()
+    rig.sim.control("RemoveAdapter", "string:hci0")
+    j.wait_json("blebridge/chest_strap/availability", online("offline"), after=t, timeout=20)
+    rig.sim.control("AddAdapter", 'string:{id: hci0, address: "00:1A:7D:DA:71:13", name: blebridge-sim}')
+    j.wait_json("blebridge/chest_strap/availability", online("online"), after=t, timeout=45)
+    j.wait_json("blebridge/chest_strap", lambda v: "heart_rate_bpm" in v, after=time.monotonic(), timeout=20)
+    j.wait_json("blebridge/enviro/availability", online("online"), after=t, timeout=45)
+    # BlueZ forgets a device (removed from its cache); when it advertises again the bridge finds and connects it.
+    t = time.monotonic()
+    scenario_entry = ('{address: "D4:3A:2C:7E:10:05", address_type: random, name: "EnviroSense ES-1", rssi: -72, '
+                      'service_uuids: ["181A"], gatt: [{uuid: "181A", characteristics: [{uuid: "2A6E", '
+                      'flags: [read, notify], value: "66 08", notify: {rate: 1, sequence: ["66 08", "68 08"]}}]}]}')
+    rig.sim.control("RemovePeripheral", f"string:{ENVIRO}")
+    j.wait_json("blebridge/enviro/availability", online("offline"), after=t, timeout=20)
+    rig.sim.control("AddPeripheral", f"string:{scenario_entry}")
+    j.wait_json("blebridge/enviro/availability", online("online"), after=t, timeout=60)
+    j.wait_json("blebridge/enviro", lambda v: v.get("temperature_c") in (21.5, 21.52), after=time.monotonic(),
+                timeout=20)
+    assert bridge.proc.poll() is None
