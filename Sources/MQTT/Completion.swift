@@ -164,14 +164,18 @@ final class Broadcast<Element: Sendable>: Sendable {
     /// its size (as passed to `yield`) fits, and the reader must give the size back when it takes the element.
     func makeStream(
         bufferingPolicy: AsyncStream<Element>.Continuation.BufferingPolicy, initial: Element? = nil,
-        budget: ByteBudget? = nil
+        budget: ByteBudget? = nil, current: (() -> Element?)? = nil
     ) -> AsyncStream<Element> {
         let (stream, continuation) = AsyncStream<Element>.makeStream(bufferingPolicy: bufferingPolicy)
+        var initial = initial
         let registered: UInt64? = state.withLock { state in
             guard !state.finished else { return nil }
             let id = state.nextID
             state.nextID += 1
             state.subscribers[id] = Subscriber(continuation: continuation, budget: budget)
+            // `current` is read under the lock that orders every yield: a change published while the stream is
+            // being made is either the first element or delivered after it, never lost.
+            if let current { initial = current() }
             if let initial { continuation.yield(initial) }
             return id
         }

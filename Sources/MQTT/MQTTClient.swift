@@ -95,9 +95,9 @@ public final class MQTTClient: Sendable {
     /// The connection states: the current one first, then each change, ending after `.stopped`. A reader that falls
     /// more than 64 states behind loses the oldest ones (a stream nobody reads does not grow without bound).
     public func connectionStates() -> MQTTConnectionStateStream {
-        let current = connectionState
-        return MQTTConnectionStateStream(
-            base: core.states.makeStream(bufferingPolicy: .bufferingNewest(64), initial: current))
+        // The current state is read under the broadcaster's lock: read before it, a change made in between was lost.
+        MQTTConnectionStateStream(
+            base: core.states.makeStream(bufferingPolicy: .bufferingNewest(64), current: { self.connectionState }))
     }
 
     /// Counters since the client was created.
