@@ -37,6 +37,7 @@ public final class Bridge: Sendable {
         var requestTail: Task<Void, Never>?
         var heartbeat = ContinuousClock.now
         var lastMQTTFailure: String?
+        var scanning: Set<String> = []
     }
 
     /// Counters for `bridge/health` and metrics.
@@ -297,6 +298,11 @@ public final class Bridge: Sendable {
             adapters: c.bluetooth.adapters)
         do {
             try await central.startScanning(request)
+            let names = central.adapters().filter { a in
+                a.powered && (request.adapters.isEmpty || request.adapters.contains(a.name)
+                    || request.adapters.contains(a.address.uppercased()))
+            }.map(\.name)
+            engine.withLock { $0.scanning = Set(names) }
             logger.info(
                 "scanning"
                     + (request.serviceUUIDs.isEmpty
@@ -324,7 +330,10 @@ public final class Bridge: Sendable {
             for r in records { r.wakeSession() }
             publishInfo()
         case .adapterRemoved(let name):
-            engine.withLock { $0.adapters.removeAll { $0.name == name } }
+            engine.withLock {
+                $0.adapters.removeAll { $0.name == name }
+                $0.scanning.remove(name)
+            }
             logger.warning("adapter \(name) went away; its devices reconnect when it (or another) is back")
             publishInfo()
         case .bluetoothdStarted:
@@ -340,6 +349,7 @@ public final class Bridge: Sendable {
             engine.withLock {
                 $0.bluetoothdRunning = false
                 $0.adapters = []
+                $0.scanning = []
             }
             logger.warning("bluetoothd left the bus; devices reconnect when it is back")
         }

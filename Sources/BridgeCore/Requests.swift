@@ -270,9 +270,10 @@ extension Bridge {
             ])),
             ("bluetoothd", .bool(bluez)),
             ("adapters", .array(adapters.map { a in
-                let used = engine.withLock { $0.slots[a.name] ?? 0 }
+                let (used, scanning) = engine.withLock { ($0.slots[a.name] ?? 0, $0.scanning.contains(a.name)) }
                 return .object([
                     ("name", .string(a.name)), ("address", .string(a.address)), ("powered", .bool(a.powered)),
+                    ("discovering", .bool(scanning)),
                     ("connections", .int(Int64(used))),
                     ("free_slots", .int(Int64(max(0, config.bluetooth.connectionSlots - used)))),
                 ])

@@ -329,6 +329,7 @@ def test_health_is_published_retained_every_interval(broker, demo_sim):
         assert first["healthy"] is True and first["mqtt"]["connected"] is True
         assert first["process"]["rss_kb"] > 0 and first["process"]["threads"] > 0 and "cpu_s" in first["process"]
         assert first["adapters"][0]["name"] == "hci0" and first["adapters"][0]["free_slots"] >= 0
+        assert first["adapters"][0]["discovering"] is True
         strap = first["devices"]["chest_strap"]
         assert strap["availability"] == "online" and strap["messages"] > 0 and strap["last_seen"].endswith("Z")
         t = time.monotonic()
