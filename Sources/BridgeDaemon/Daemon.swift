@@ -204,7 +204,8 @@ final class PreStartedCentral: BLECentral {
 func processStatistics() -> [(String, JSONValue)] {
     var usage = rusage()
     getrusage(RUSAGE_SELF.rawValue, &usage)
-    let cpu = Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec)
+    let cpu =
+        Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec)
         + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
     var fields: [(String, JSONValue)] = [("cpu_s", .double((cpu * 1000).rounded() / 1000))]
     if let status = fopen("/proc/self/status", "r") {

@@ -17,7 +17,9 @@ func metricsText(_ bridge: Bridge) -> PrometheusText {
         try? text.gauge(name: name, help: help, labels: labels, value: value)
     }
     counter("blebridge_notifications_received_total", "GATT notifications and indications received.", c.notifications)
-    counter("blebridge_advertisements_received_total", "Advertisements (or advertised data changes) received.", c.advertisements)
+    counter(
+        "blebridge_advertisements_received_total", "Advertisements (or advertised data changes) received.",
+        c.advertisements)
     counter("blebridge_values_decoded_total", "Values decoded by a parser.", c.decoded)
     counter("blebridge_decode_errors_total", "Values a parser rejected.", c.decodeErrors)
     counter("blebridge_state_publishes_total", "Device state messages published.", c.statePublishes)
@@ -26,10 +28,12 @@ func metricsText(_ bridge: Bridge) -> PrometheusText {
     counter("blebridge_mqtt_received_total", "MQTT messages received.", mqtt.received)
     counter("blebridge_mqtt_dropped_total", "MQTT messages dropped from the full offline queue.", mqtt.dropped)
     if c.reconnects.isEmpty {
-        counter("blebridge_reconnects_total", "Reconnects and failed connection attempts, by error.", 0, ["error": "none"])
+        counter(
+            "blebridge_reconnects_total", "Reconnects and failed connection attempts, by error.", 0, ["error": "none"])
     }
     for (error, n) in c.reconnects.sorted(by: { $0.key < $1.key }) {
-        counter("blebridge_reconnects_total", "Reconnects and failed connection attempts, by error.", n, ["error": error])
+        counter(
+            "blebridge_reconnects_total", "Reconnects and failed connection attempts, by error.", n, ["error": error])
     }
     gauge("blebridge_mqtt_connected", "1 while connected to the broker.", status.mqttConnected ? 1 : 0)
     gauge("blebridge_mqtt_queue_depth", "MQTT messages waiting for the broker.", Double(mqtt.queued))
@@ -40,7 +44,8 @@ func metricsText(_ bridge: Bridge) -> PrometheusText {
     gauge("blebridge_devices_connected", "Devices connected and streaming.", Double(devices.filter(\.connected).count))
     for (key, value) in processStatistics() {
         if key == "rss_kb", case .int(let kb) = value {
-            gauge("blebridge_process_resident_memory_bytes", "Resident memory of the bridge process.", Double(kb) * 1024)
+            gauge(
+                "blebridge_process_resident_memory_bytes", "Resident memory of the bridge process.", Double(kb) * 1024)
         }
         if key == "cpu_s", case .double(let s) = value {
             try? text.counter(name: "blebridge_process_cpu_seconds_total", help: "CPU time used.", value: s)

@@ -290,7 +290,9 @@ public func resolveCharacteristic(_ spec: String, on peripheral: BlueZPeripheral
 }
 
 /// Decodes a characteristic value with the registry; `{"raw": ...}` when no parser exists.
-public func decodeValue(_ uuid: String, _ bytes: [UInt8], registry: GATTParserRegistry, presentationFormat: [UInt8]? = nil)
+public func decodeValue(
+    _ uuid: String, _ bytes: [UInt8], registry: GATTParserRegistry, presentationFormat: [UInt8]? = nil
+)
     -> (reading: GATTReading?, error: String?)
 {
     guard let id = BluetoothUUID(uuid) else { return (.raw(bytes), nil) }

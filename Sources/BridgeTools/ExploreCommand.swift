@@ -1,6 +1,6 @@
+import BlueZ
 // `blebridge explore`: connect and print the GATT tree with current values, decoded where a parser exists.
 import BridgeKit
-import BlueZ
 import GATT
 
 /// Connects to a device and prints its services, characteristics, descriptors and readable values.

@@ -1,6 +1,6 @@
+import BlueZ
 // `blebridge notify`: subscribe and print each notification decoded as it arrives.
 import BridgeKit
-import BlueZ
 import GATT
 
 /// Subscribes to a characteristic and prints each value as it arrives.

@@ -1,6 +1,6 @@
+import BlueZ
 // `blebridge read`: read one characteristic and print it decoded.
 import BridgeKit
-import BlueZ
 import GATT
 
 /// Reads a characteristic and prints its value as JSON (decoded where a parser exists, `{"raw": ...}` otherwise).

@@ -1,6 +1,6 @@
+import BlueZ
 // `blebridge scan`: nearby devices with their advertisement fields, decoded where a parser exists.
 import BridgeKit
-import BlueZ
 import GATT
 
 /// Scans for advertising devices and prints what each advertised.

@@ -1,6 +1,6 @@
+import BlueZ
 // `blebridge write`: write hex bytes to a characteristic.
 import BridgeKit
-import BlueZ
 import GATT
 
 /// Writes a characteristic: a write request by default, a write command with `--without-response`.
