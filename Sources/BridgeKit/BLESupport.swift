@@ -3,6 +3,7 @@
 import BlueZ
 import Dispatch
 import GATT
+import Logging
 
 #if canImport(Glibc)
     import Glibc
@@ -365,26 +366,8 @@ public indirect enum BLEJSON {
     }
 }
 
-public func jsonQuote(_ s: String, into out: inout String) {
-    out += "\""
-    for scalar in s.unicodeScalars {
-        switch scalar {
-        case "\"": out += "\\\""
-        case "\\": out += "\\\\"
-        case "\n": out += "\\n"
-        case "\r": out += "\\r"
-        case "\t": out += "\\t"
-        default:
-            if scalar.value < 0x20 {
-                let h = String(scalar.value, radix: 16)
-                out += "\\u" + String(repeating: "0", count: 4 - h.count) + h
-            } else {
-                out.unicodeScalars.append(scalar)
-            }
-        }
-    }
-    out += "\""
-}
+/// Appends `s` as a JSON string literal (the one writer in `Logging`).
+public func jsonQuote(_ s: String, into out: inout String) { appendQuoted(s, to: &out) }
 
 /// A reading as one compact JSON line.
 public func readingJSON(_ reading: GATTReading) -> String { reading.jsonString }
