@@ -159,7 +159,7 @@ for entry in "${entries[@]}"; do
     fi
     deps+=("$entry")
 done
-for needed in libdbus-1-3 libmosquitto1 libyaml-0-2 libssl3; do
+for needed in libdbus-1-3 libmosquitto1 libyaml-0-2 libssl3 libmicrohttpd12; do
     printf '%s\n' "${deps[@]}" | grep -q "^$needed " ||
         die "dpkg-shlibdeps did not report $needed with a version (got: $shlibs)"
 done

@@ -20,7 +20,7 @@ DEPLOY = REPO / "deploy"
 UNIT = DEPLOY / "blebridge.service"
 MAX_BINARY_BYTES = 15 * 1024 * 1024
 MAX_EXPOSURE = 2.5
-LIBRARY_PACKAGES = ["libdbus-1-3", "libmosquitto1", "libyaml-0-2", "libssl3"]
+LIBRARY_PACKAGES = ["libdbus-1-3", "libmosquitto1", "libyaml-0-2", "libssl3", "libmicrohttpd12"]
 # Warnings lintian may give and deploy/README.md explains; anything else (and every error) fails.
 EXPLAINED_LINTIAN_WARNINGS = {"initial-upload-closes-no-bugs"}
 
