@@ -85,6 +85,18 @@ final class PendingReplies: @unchecked Sendable {
     func all() -> [DBusPendingReply] { lock.withLock { replies } }
 }
 
+/// How many connections to the bus socket wait in its accept queue: the kernel lists each one in `/proc/net/unix`
+/// under the socket's path, in state 02 (connecting), until the daemon accepts it. With the daemon stopped, a
+/// connection there has got past `connect()` and waits in the handshake.
+func connectionsWaitingToBeAccepted(_ bus: BusFixture) throws -> Int {
+    let path = bus.bus.directory.url.appendingPathComponent("bus").path
+    let table = try String(contentsOfFile: "/proc/net/unix", encoding: .utf8)
+    return table.split(separator: "\n").filter { line in
+        let fields = line.split(separator: " ", omittingEmptySubsequences: true)
+        return fields.count >= 8 && fields[7] == path && fields[5] == "02"
+    }.count
+}
+
 @Suite struct BlockingWorkTests {
     /// With the bus daemon stopped (SIGSTOP), opening a connection blocks in the handshake. More opens than the
     /// cooperative pool has threads must not starve other async work: each blocks a thread of its own.
@@ -99,7 +111,10 @@ final class PendingReplies: @unchecked Sendable {
         let opens = (0..<width).map { _ in
             Task { try await DBusConnection.open(.address(address)) }
         }
-        try await Task.sleep(for: .milliseconds(100))
+        // Every open has connected and is stuck in the handshake (more of them than the pool has threads).
+        try await eventually(2.5, "\(width) connections in the stopped bus's accept queue") {
+            try connectionsWaitingToBeAccepted(fixture) == width
+        }
         // Unrelated async work still runs while the opens are stuck.
         let ranAt = await Task { Date() }.value
         #expect(ranAt < resumeAt)
@@ -119,7 +134,10 @@ final class PendingReplies: @unchecked Sendable {
         DispatchQueue.global().asyncAfter(deadline: .now() + 3) { stuck.bus.daemon.signal(SIGCONT) }
         let address = stuck.address
         let blocked = Task { try await DBusConnection.open(.address(address)) }
-        try await Task.sleep(for: .milliseconds(200))
+        // The stuck open has connected; its handshake (and registration) waits on the stopped daemon.
+        try await eventually(2.5, "the connection in the stopped bus's accept queue") {
+            try connectionsWaitingToBeAccepted(stuck) == 1
+        }
         let start = ContinuousClock.now
         let connection = try await DBusConnection.open(.address(healthy.address))
         #expect(ContinuousClock.now - start < .seconds(1))
