@@ -9,6 +9,8 @@ import Testing
 final class SignalRecorder: Sendable {
     final class Store: Sendable {
         let messages = Mutex<[(message: DBusMessage, received: ContinuousClock.Instant)]>([])
+        /// The waits in progress, each woken after every recorded signal.
+        let watchers = Mutex<(next: Int, all: [Int: AsyncStream<Void>.Continuation])>((0, [:]))
     }
     let store = Store()
     private let task: Task<Void, Never>
@@ -19,7 +21,10 @@ final class SignalRecorder: Sendable {
         let stream = try await connection.signals(matching: rule)
         let store = self.store
         task = Task {
-            for await m in stream { store.messages.withLock { $0.append((m, ContinuousClock.now)) } }
+            for await m in stream {
+                store.messages.withLock { $0.append((m, ContinuousClock.now)) }
+                for watcher in store.watchers.withLock({ Array($0.all.values) }) { watcher.yield() }
+            }
         }
     }
 
@@ -28,17 +33,27 @@ final class SignalRecorder: Sendable {
     /// Every recorded signal with the time it was received.
     var timed: [(message: DBusMessage, received: ContinuousClock.Instant)] { store.messages.withLock { $0 } }
 
-    /// Waits until `predicate` holds over the recorded signals.
+    /// Waits until `predicate` holds over the recorded signals: it is checked now and after each new signal.
     func wait(timeout: Double = 15, _ what: String = "", _ predicate: ([DBusMessage]) -> Bool) async throws {
-        let start = Date()
-        let deadline = start.addingTimeInterval(timeout)
-        while Date() < deadline {
-            if predicate(all) {
-                let waited = Date().timeIntervalSince(start)
-                if waited > 2 { print("SignalRecorder: waited \(waited) s for \(what)") }
-                return
-            }
-            try await Task.sleep(for: .milliseconds(10))
+        let start = ContinuousClock.now
+        let (changes, continuation) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
+        let id = store.watchers.withLock { watchers in
+            watchers.next += 1
+            watchers.all[watchers.next] = continuation
+            return watchers.next
+        }
+        defer { _ = store.watchers.withLock { $0.all.removeValue(forKey: id) } }
+        // The deadline ends the wait by finishing the stream of changes.
+        let deadline = Task {
+            try? await Task.sleep(for: .seconds(timeout))
+            continuation.finish()
+        }
+        defer { deadline.cancel() }
+        if predicate(all) { return }
+        for await _ in changes where predicate(all) {
+            let waited = ContinuousClock.now - start
+            if waited > .seconds(2) { print("SignalRecorder: waited \(waited) for \(what)") }
+            return
         }
         Issue.record("timed out waiting for \(what); got \(all.map(Self.describe))")
         throw HarnessError("timeout: \(what)")
