@@ -1,5 +1,6 @@
 import DBus
 import Foundation
+import Synchronization
 import TestSupport
 import Testing
 
@@ -97,6 +98,29 @@ func connectionsWaitingToBeAccepted(_ bus: BusFixture) throws -> Int {
     }.count
 }
 
+/// Sends SIGCONT to a stopped bus daemon: at `resumeNow()`, or after `seconds` whatever happens (so that a test
+/// that fails does not leave its opens stuck for good).
+final class DaemonResumption: Sendable {
+    private let fixture: BusFixture
+    private let resumed = Mutex(false)
+
+    init(_ fixture: BusFixture, after seconds: Double) {
+        self.fixture = fixture
+        DispatchQueue.global().asyncAfter(deadline: .now() + seconds) { [weak self] in _ = self?.resumeNow() }
+    }
+
+    /// Lets the daemon go on now. Returns false when that was done already (by the fallback).
+    @discardableResult
+    func resumeNow() -> Bool {
+        let first = resumed.withLock { was in
+            defer { was = true }
+            return !was
+        }
+        if first { fixture.bus.daemon.signal(SIGCONT) }
+        return first
+    }
+}
+
 @Suite struct BlockingWorkTests {
     /// With the bus daemon stopped (SIGSTOP), opening a connection blocks in the handshake. More opens than the
     /// cooperative pool has threads must not starve other async work: each blocks a thread of its own.
@@ -105,19 +129,20 @@ func connectionsWaitingToBeAccepted(_ bus: BusFixture) throws -> Int {
         let address = fixture.address
         fixture.bus.daemon.signal(SIGSTOP)
         // Whatever happens, let the daemon go on after a while (then the opens complete).
-        let resumeAt = Date().addingTimeInterval(3)
-        DispatchQueue.global().asyncAfter(deadline: .now() + 3) { fixture.bus.daemon.signal(SIGCONT) }
+        let fallback = DaemonResumption(fixture, after: 10)
         let width = ProcessInfo.processInfo.activeProcessorCount + 2
         let opens = (0..<width).map { _ in
             Task { try await DBusConnection.open(.address(address)) }
         }
-        // Every open has connected and is stuck in the handshake (more of them than the pool has threads).
-        try await eventually(2.5, "\(width) connections in the stopped bus's accept queue") {
-            try connectionsWaitingToBeAccepted(fixture) == width
+        // Every open has connected and is stuck in the handshake (more of them than the pool has threads). Watched
+        // from a thread of its own, so that a pool kept busy by other tests only delays it.
+        let stuck = try await offPool {
+            try waitUntilBlocking(timeout: 8) { try connectionsWaitingToBeAccepted(fixture) == width }
         }
-        // Unrelated async work still runs while the opens are stuck.
-        let ranAt = await Task { Date() }.value
-        #expect(ranAt < resumeAt)
+        #expect(stuck, "\(width) connections in the stopped bus's accept queue")
+        // Unrelated async work still runs while the opens are stuck: before the daemon is let go on.
+        await Task {}.value
+        #expect(fallback.resumeNow(), "the daemon was let go on before unrelated work ran")
         var connections: [DBusConnection] = []
         for open in opens { connections.append(try await open.value) }
         #expect(connections.allSatisfy { $0.isConnected })
@@ -131,18 +156,20 @@ func connectionsWaitingToBeAccepted(_ bus: BusFixture) throws -> Int {
         let stuck = try await BusFixture()
         let healthy = try await BusFixture()
         stuck.bus.daemon.signal(SIGSTOP)
-        DispatchQueue.global().asyncAfter(deadline: .now() + 3) { stuck.bus.daemon.signal(SIGCONT) }
+        let fallback = DaemonResumption(stuck, after: 10)
         let address = stuck.address
         let blocked = Task { try await DBusConnection.open(.address(address)) }
         // The stuck open has connected; its handshake (and registration) waits on the stopped daemon.
-        try await eventually(2.5, "the connection in the stopped bus's accept queue") {
-            try connectionsWaitingToBeAccepted(stuck) == 1
+        let waiting = try await offPool {
+            try waitUntilBlocking(timeout: 8) { try connectionsWaitingToBeAccepted(stuck) == 1 }
         }
+        #expect(waiting, "the connection in the stopped bus's accept queue")
         let start = ContinuousClock.now
         let connection = try await DBusConnection.open(.address(healthy.address))
         #expect(ContinuousClock.now - start < .seconds(1))
         #expect(connection.uniqueName.hasPrefix(":"))
         await connection.closeAndWait()
+        #expect(fallback.resumeNow(), "the stuck daemon was let go on before the other connection was open")
         let late = try await blocked.value
         #expect(late.isConnected)
         await late.closeAndWait()
