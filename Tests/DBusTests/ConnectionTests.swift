@@ -129,15 +129,17 @@ final class DaemonResumption: Sendable {
         let address = fixture.address
         fixture.bus.daemon.signal(SIGSTOP)
         // Whatever happens, let the daemon go on after a while (then the opens complete).
-        let fallback = DaemonResumption(fixture, after: 10)
+        let fallback = DaemonResumption(fixture, after: 30)
         let width = ProcessInfo.processInfo.activeProcessorCount + 2
         let opens = (0..<width).map { _ in
             Task { try await DBusConnection.open(.address(address)) }
         }
         // Every open has connected and is stuck in the handshake (more of them than the pool has threads). Watched
-        // from a thread of its own, so that a pool kept busy by other tests only delays it.
+        // from a thread of its own; the wait is generous because the opens' tasks start only when the pool has a
+        // thread for them, and synchronous tests elsewhere in the run can hold both for seconds. It ends as soon
+        // as they are stuck.
         let stuck = try await offPool {
-            try waitUntilBlocking(timeout: 8) { try connectionsWaitingToBeAccepted(fixture) == width }
+            try waitUntilBlocking(timeout: 25) { try connectionsWaitingToBeAccepted(fixture) == width }
         }
         #expect(stuck, "\(width) connections in the stopped bus's accept queue")
         // Unrelated async work still runs while the opens are stuck: before the daemon is let go on.
@@ -156,12 +158,12 @@ final class DaemonResumption: Sendable {
         let stuck = try await BusFixture()
         let healthy = try await BusFixture()
         stuck.bus.daemon.signal(SIGSTOP)
-        let fallback = DaemonResumption(stuck, after: 10)
+        let fallback = DaemonResumption(stuck, after: 30)
         let address = stuck.address
         let blocked = Task { try await DBusConnection.open(.address(address)) }
         // The stuck open has connected; its handshake (and registration) waits on the stopped daemon.
         let waiting = try await offPool {
-            try waitUntilBlocking(timeout: 8) { try connectionsWaitingToBeAccepted(stuck) == 1 }
+            try waitUntilBlocking(timeout: 25) { try connectionsWaitingToBeAccepted(stuck) == 1 }
         }
         #expect(waiting, "the connection in the stopped bus's accept queue")
         let start = ContinuousClock.now
