@@ -58,8 +58,10 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         }
         #expect(reason.hasPrefix("powered off"))
         // A caller waiting for the adapter is released when it powers on.
+        let subscribers = t.client.subscriberCount
         let waiter = Task { try await t.client.waitForAdapter(.name("hci0"), timeout: .seconds(5)) }
-        try await Task.sleep(for: .milliseconds(50))
+        // The waiter has subscribed to the mirror (and found hci0 off), so only the power-on can release it.
+        try await eventually(5, "the waiter to subscribe") { t.client.subscriberCount == subscribers + 1 }
         try await t.client.setPowered(true, adapter: adapter)
         #expect(try await waiter.value.powered)
         #expect(await states.next()?.adapter?.powered == true)
@@ -85,12 +87,31 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         #expect(device.manufacturerData == [0x004C: [0x02, 0x15]])
         #expect(device.serviceData == ["0000180d-0000-1000-8000-00805f9b34fb": [0x01]])
         #expect(device.uuids.contains("0000180d-0000-1000-8000-00805f9b34fb"))
-        // The beacon advertises FEAA only: BlueZ's merged filter may let it through, our side must not.
-        try await Task.sleep(for: .milliseconds(300))
+        // The beacon advertises FEAA only: BlueZ's merged filter lets it through when another client scans without
+        // a filter, and our side must still not report it. Another client's unfiltered scan:
+        try await t.control.call(
+            destination: "org.bluez", path: "/org/bluez/hci0", interface: "org.bluez.Adapter1",
+            method: "StartDiscovery")
+        try await eventually(10, "the beacon in the mirror") { t.client.device(address: beacon) != nil }
+        // A strap change signalled after the beacon's InterfacesAdded: the discovery reports events in signal order,
+        // so a beacon event would come before it.
+        try await t.simulator("SetAdvertisement", [.string(strap), .string("{rssi: -40}")])
+        let before = try await within(10, "the strap's RSSI change") {
+            var seen: [String] = []
+            for await event in discovery.events {
+                seen.append(event.device.address)
+                if case .updated(let d) = event, d.address == strap, d.rssi == -40 { return seen }
+            }
+            return seen
+        }
+        #expect(!before.contains(beacon))
+        try await t.control.call(
+            destination: "org.bluez", path: "/org/bluez/hci0", interface: "org.bluez.Adapter1",
+            method: "StopDiscovery")
         await discovery.stop()
-        var seen: [String] = []
-        for await event in discovery.events { seen.append(event.device.address) }
-        #expect(!seen.contains(beacon))
+        var after: [String] = []
+        for await event in discovery.events { after.append(event.device.address) }
+        #expect(!after.contains(beacon))
         // After StopDiscovery, BlueZ invalidates RSSI: the mirror must drop it.
         try await eventually(10, "RSSI invalidated") { t.client.device(address: strap)?.rssi == nil }
         #expect(t.client.device(address: strap)?.name == "Strap")
@@ -162,8 +183,11 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
             on: adapter, filter: BlueZDiscoveryFilter(watchdogInterval: .milliseconds(200)))
         _ = try await firstEvent(discovery, timeout: 10) { $0.device.address == beacon ? true : nil }
         try await t.client.setPowered(false, adapter: adapter)
-        try await eventually(10, "powered off") { t.client.adapterState(.name("hci0")).adapter?.powered == false }
-        try await Task.sleep(for: .milliseconds(300))
+        // Off, and no longer discovering: the state the watchdog must recover from once the adapter is back.
+        try await eventually(10, "powered off and not discovering") {
+            let adapter = t.client.adapterState(.name("hci0")).adapter
+            return adapter?.powered == false && adapter?.discovering == false
+        }
         try await t.client.setPowered(true, adapter: adapter)
         // Powering off ended BlueZ's discovery; the watchdog notices Discovering=false and starts it again.
         try await eventually(10, "discovering after power on") {
@@ -447,8 +471,15 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         // StartNotify sessions do not leak into the next connection: it has a new D-Bus connection, and the old
         // one (the session's sender) is gone, so BlueZ dropped the session.
         let again = try await t.client.connect(address: strap, options: BlueZConnectOptions(timeout: .seconds(5)))
-        try await Task.sleep(for: .milliseconds(100))
+        // A later, positive change on another characteristic of the same device: bluetoothd signals in order, so a
+        // leaked battery session (Notifying true) would be in the mirror by the time this one is.
+        let custom = try again.characteristic("12345678-1234-5678-1234-56789abcdef1")
+        let indications = try await again.notifications(for: custom)
+        try await eventually(10, "Notifying on the new connection's own subscription") {
+            again.refreshed(custom)?.notifying == true
+        }
         #expect(again.refreshed(battery)?.notifying == false)
+        _ = indications
         await again.disconnect()
     }
 

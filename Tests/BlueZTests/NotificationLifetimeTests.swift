@@ -187,28 +187,3 @@ func streamEnd(_ iterator: inout BlueZNotifications.AsyncIterator) async -> Blue
         await p.disconnect()
     }
 }
-
-@Suite struct OneShotCancellationTests {
-    @Test(.timeLimit(.minutes(1))) func cancelledWaitReturnsNilAndIsDropped() async throws {
-        let shot = OneShot<Int>()
-        let waiter = Task { await shot.value() }
-        try await eventually(5, "the waiter to suspend") { shot.waiterCount == 1 }
-        waiter.cancel()
-        #expect(await waiter.value == nil)
-        #expect(shot.waiterCount == 0)
-        // A task group that races a wait against a timer finishes when the timer wins.
-        let raced = await withTaskGroup(of: Int?.self) { group in
-            group.addTask { await shot.value() }
-            group.addTask {
-                try? await Task.sleep(for: .milliseconds(20))
-                return -1
-            }
-            let first = await group.next() ?? nil
-            group.cancelAll()
-            return first
-        }
-        #expect(raced == -1)
-        #expect(shot.complete(3))
-        #expect(await shot.value() == 3)
-    }
-}

@@ -1,10 +1,11 @@
 // Helpers for the BlueZ client tests: a scenario with every kind of characteristic, a started client on a private
 // bus with bluez-sim, and the simulator's control interface over our own DBus connection.
-import BlueZ
 import DBus
 import Foundation
 import TestSupport
 import Testing
+
+@testable import BlueZ
 
 let strap = "C0:FF:EE:00:00:01"
 let beacon = "C0:FF:EE:00:00:02"
@@ -124,6 +125,12 @@ final class SimClient: @unchecked Sendable {
         let device = try await discover(address)
         return try await client.connect(device, options: BlueZConnectOptions(timeout: timeout))
     }
+}
+
+extension BlueZClient {
+    /// How many handlers are subscribed to the mirror (a wait counts once it is subscribed), so that a test can
+    /// act only after a wait has started.
+    var subscriberCount: Int { core.withLock { $0.subscribers.count } }
 }
 
 /// Collects log lines (tests print them on failure through Issue comments when useful).

@@ -1,5 +1,6 @@
 import DBus
 import Foundation
+import Synchronization
 import TestSupport
 import Testing
 
@@ -85,6 +86,41 @@ final class PendingReplies: @unchecked Sendable {
     func all() -> [DBusPendingReply] { lock.withLock { replies } }
 }
 
+/// How many connections to the bus socket wait in its accept queue: the kernel lists each one in `/proc/net/unix`
+/// under the socket's path, in state 02 (connecting), until the daemon accepts it. With the daemon stopped, a
+/// connection there has got past `connect()` and waits in the handshake.
+func connectionsWaitingToBeAccepted(_ bus: BusFixture) throws -> Int {
+    let path = bus.bus.directory.url.appendingPathComponent("bus").path
+    let table = try String(contentsOfFile: "/proc/net/unix", encoding: .utf8)
+    return table.split(separator: "\n").filter { line in
+        let fields = line.split(separator: " ", omittingEmptySubsequences: true)
+        return fields.count >= 8 && fields[7] == path && fields[5] == "02"
+    }.count
+}
+
+/// Sends SIGCONT to a stopped bus daemon: at `resumeNow()`, or after `seconds` whatever happens (so that a test
+/// that fails does not leave its opens stuck for good).
+final class DaemonResumption: Sendable {
+    private let fixture: BusFixture
+    private let resumed = Mutex(false)
+
+    init(_ fixture: BusFixture, after seconds: Double) {
+        self.fixture = fixture
+        DispatchQueue.global().asyncAfter(deadline: .now() + seconds) { [weak self] in _ = self?.resumeNow() }
+    }
+
+    /// Lets the daemon go on now. Returns false when that was done already (by the fallback).
+    @discardableResult
+    func resumeNow() -> Bool {
+        let first = resumed.withLock { was in
+            defer { was = true }
+            return !was
+        }
+        if first { fixture.bus.daemon.signal(SIGCONT) }
+        return first
+    }
+}
+
 @Suite struct BlockingWorkTests {
     /// With the bus daemon stopped (SIGSTOP), opening a connection blocks in the handshake. More opens than the
     /// cooperative pool has threads must not starve other async work: each blocks a thread of its own.
@@ -93,16 +129,22 @@ final class PendingReplies: @unchecked Sendable {
         let address = fixture.address
         fixture.bus.daemon.signal(SIGSTOP)
         // Whatever happens, let the daemon go on after a while (then the opens complete).
-        let resumeAt = Date().addingTimeInterval(3)
-        DispatchQueue.global().asyncAfter(deadline: .now() + 3) { fixture.bus.daemon.signal(SIGCONT) }
+        let fallback = DaemonResumption(fixture, after: 30)
         let width = ProcessInfo.processInfo.activeProcessorCount + 2
         let opens = (0..<width).map { _ in
             Task { try await DBusConnection.open(.address(address)) }
         }
-        try await Task.sleep(for: .milliseconds(100))
-        // Unrelated async work still runs while the opens are stuck.
-        let ranAt = await Task { Date() }.value
-        #expect(ranAt < resumeAt)
+        // Every open has connected and is stuck in the handshake (more of them than the pool has threads). Watched
+        // from a thread of its own; the wait is generous because the opens' tasks start only when the pool has a
+        // thread for them, and synchronous tests elsewhere in the run can hold both for seconds. It ends as soon
+        // as they are stuck.
+        let stuck = try await offPool {
+            try waitUntilBlocking(timeout: 25) { try connectionsWaitingToBeAccepted(fixture) == width }
+        }
+        #expect(stuck, "\(width) connections in the stopped bus's accept queue")
+        // Unrelated async work still runs while the opens are stuck: before the daemon is let go on.
+        await Task {}.value
+        #expect(fallback.resumeNow(), "the daemon was let go on before unrelated work ran")
         var connections: [DBusConnection] = []
         for open in opens { connections.append(try await open.value) }
         #expect(connections.allSatisfy { $0.isConnected })
@@ -116,15 +158,20 @@ final class PendingReplies: @unchecked Sendable {
         let stuck = try await BusFixture()
         let healthy = try await BusFixture()
         stuck.bus.daemon.signal(SIGSTOP)
-        DispatchQueue.global().asyncAfter(deadline: .now() + 3) { stuck.bus.daemon.signal(SIGCONT) }
+        let fallback = DaemonResumption(stuck, after: 30)
         let address = stuck.address
         let blocked = Task { try await DBusConnection.open(.address(address)) }
-        try await Task.sleep(for: .milliseconds(200))
+        // The stuck open has connected; its handshake (and registration) waits on the stopped daemon.
+        let waiting = try await offPool {
+            try waitUntilBlocking(timeout: 25) { try connectionsWaitingToBeAccepted(stuck) == 1 }
+        }
+        #expect(waiting, "the connection in the stopped bus's accept queue")
         let start = ContinuousClock.now
         let connection = try await DBusConnection.open(.address(healthy.address))
         #expect(ContinuousClock.now - start < .seconds(1))
         #expect(connection.uniqueName.hasPrefix(":"))
         await connection.closeAndWait()
+        #expect(fallback.resumeNow(), "the stuck daemon was let go on before the other connection was open")
         let late = try await blocked.value
         #expect(late.isConnected)
         await late.closeAndWait()

@@ -79,11 +79,14 @@ func members(until stream: DBusSignalStream) async -> [String] {
             #expect(try await matchRuleCount(connection) == before + 1)
         }
         #expect(try await matchRuleCount(connection) == before)
+        // The stream's first value (the current owner, none) comes after its AddMatch: the rule is in place then.
+        let (started, start) = AsyncStream<Void>.makeStream()
         let task = Task {
             let owners = try await connection.nameOwnerChanges("org.example.Watched")
-            for await _ in owners {}
+            for await _ in owners { start.yield() }
         }
-        while try await matchRuleCount(connection) == before { try await Task.sleep(for: .milliseconds(5)) }
+        try await within(10, "the name owner stream's first value") { for await _ in started { break } }
+        #expect(try await matchRuleCount(connection) == before + 1)
         task.cancel()
         _ = await task.result
         #expect(try await matchRuleCount(connection) == before)
@@ -155,6 +158,7 @@ func members(until stream: DBusSignalStream) async -> [String] {
         let client = try fixture.connect()
         let objects = DBusObjectServer(connection: server)
         let held = PendingReplies()
+        let (arrivals, arrival) = AsyncStream<Void>.makeStream()
         objects.addInterfaces(
             at: "/hold",
             [
@@ -164,6 +168,7 @@ func members(until stream: DBusSignalStream) async -> [String] {
                         methods: [
                             DBusMethodSpec("Hold") { call in
                                 held.add(call.reply)
+                                arrival.yield()
                                 return .deferred
                             }
                         ]), [:]
@@ -175,7 +180,8 @@ func members(until stream: DBusSignalStream) async -> [String] {
                 destination: serverName, path: "/hold", interface: "org.example.Hold", method: "Hold",
                 timeout: .seconds(60))
         }
-        while held.all().isEmpty { try await Task.sleep(for: .milliseconds(5)) }
+        // The server holds the call: it is in flight when it is cancelled.
+        try await within(10, "the server to hold the call") { for await _ in arrivals { break } }
         let start = ContinuousClock.now
         task.cancel()
         let result = await task.result
@@ -195,9 +201,21 @@ func members(until stream: DBusSignalStream) async -> [String] {
         let server = try fixture.connect()
         let client = try fixture.connect()
         let objects = DBusObjectServer(connection: server)
+        let (arrivals, arrival) = AsyncStream<Void>.makeStream()
         objects.addInterfaces(
             at: "/hold",
-            [(DBusInterfaceSpec("org.example.Hold", methods: [DBusMethodSpec("Hold") { _ in .deferred }]), [:])])
+            [
+                (
+                    DBusInterfaceSpec(
+                        "org.example.Hold",
+                        methods: [
+                            DBusMethodSpec("Hold") { _ in
+                                arrival.yield()
+                                return .deferred
+                            }
+                        ]), [:]
+                )
+            ])
         let signals = try await client.signals(matching: DBusMatchRule(interface: "org.example.Never"))
         let serverName = server.uniqueName
         let pending = Task { () async throws(DBusError) -> [DBusValue] in
@@ -206,7 +224,8 @@ func members(until stream: DBusSignalStream) async -> [String] {
                 timeout: .seconds(60))
         }
         let waiter = Task { await client.waitUntilDisconnected() }
-        try await Task.sleep(for: .milliseconds(100))
+        // The server holds the call, so the daemon goes away with a call in flight.
+        try await within(10, "the server to hold the call") { for await _ in arrivals { break } }
         fixture.killDaemon()
         await waiter.value
         #expect(!client.isConnected)

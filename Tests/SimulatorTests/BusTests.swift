@@ -5,10 +5,12 @@ import Synchronization
 import TestSupport
 import Testing
 
-/// Records every signal matching a rule, for order checks.
+/// Records every signal matching a rule, with the time it was received, for order and rhythm checks.
 final class SignalRecorder: Sendable {
     final class Store: Sendable {
-        let messages = Mutex<[DBusMessage]>([])
+        let messages = Mutex<[(message: DBusMessage, received: ContinuousClock.Instant)]>([])
+        /// The waits in progress, each woken after every recorded signal.
+        let watchers = Mutex<(next: Int, all: [Int: AsyncStream<Void>.Continuation])>((0, [:]))
     }
     let store = Store()
     private let task: Task<Void, Never>
@@ -19,23 +21,39 @@ final class SignalRecorder: Sendable {
         let stream = try await connection.signals(matching: rule)
         let store = self.store
         task = Task {
-            for await m in stream { store.messages.withLock { $0.append(m) } }
+            for await m in stream {
+                store.messages.withLock { $0.append((m, ContinuousClock.now)) }
+                for watcher in store.watchers.withLock({ Array($0.all.values) }) { watcher.yield() }
+            }
         }
     }
 
-    var all: [DBusMessage] { store.messages.withLock { $0 } }
+    var all: [DBusMessage] { store.messages.withLock { $0.map(\.message) } }
 
-    /// Waits until `predicate` holds over the recorded signals.
+    /// Every recorded signal with the time it was received.
+    var timed: [(message: DBusMessage, received: ContinuousClock.Instant)] { store.messages.withLock { $0 } }
+
+    /// Waits until `predicate` holds over the recorded signals: it is checked now and after each new signal.
     func wait(timeout: Double = 15, _ what: String = "", _ predicate: ([DBusMessage]) -> Bool) async throws {
-        let start = Date()
-        let deadline = start.addingTimeInterval(timeout)
-        while Date() < deadline {
-            if predicate(all) {
-                let waited = Date().timeIntervalSince(start)
-                if waited > 2 { print("SignalRecorder: waited \(waited) s for \(what)") }
-                return
-            }
-            try await Task.sleep(for: .milliseconds(10))
+        let start = ContinuousClock.now
+        let (changes, continuation) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
+        let id = store.watchers.withLock { watchers in
+            watchers.next += 1
+            watchers.all[watchers.next] = continuation
+            return watchers.next
+        }
+        defer { _ = store.watchers.withLock { $0.all.removeValue(forKey: id) } }
+        // The deadline ends the wait by finishing the stream of changes.
+        let deadline = Task {
+            try? await Task.sleep(for: .seconds(timeout))
+            continuation.finish()
+        }
+        defer { deadline.cancel() }
+        if predicate(all) { return }
+        for await _ in changes where predicate(all) {
+            let waited = ContinuousClock.now - start
+            if waited > .seconds(2) { print("SignalRecorder: waited \(waited) for \(what)") }
+            return
         }
         Issue.record("timed out waiting for \(what); got \(all.map(Self.describe))")
         throw HarnessError("timeout: \(what)")
@@ -371,11 +389,11 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
         #expect(await c.property(rx, iface, "WriteAcquired")?.bool == true)
         let locked = await c.error(rx, iface, "WriteValue", [.bytes([1]), .stringVariantDictionary([])])
         #expect(locked == DBusError(name: "org.bluez.Error.NotPermitted", message: "Write acquired"))
+        // The socket writes reach the simulator after send() returns: wait until it has recorded both.
         var writes: [DBusValue] = []
-        for _ in 0..<100 {
+        try await eventually(5, "both socket writes recorded") {
             writes = try await c.control("GetWrites", [.string(echo)]).first?.arrayElements ?? []
-            if writes.count == 2 { break }
-            try await Task.sleep(for: .milliseconds(10))
+            return writes.count >= 2
         }
         #expect(
             writes == [
@@ -517,10 +535,22 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
         try await rec.wait("pushed") {
             $0.contains { $0.body[1].stringVariantDictionary?["Value"]?.bytes == [0x00, 0x99] }
         }
-        try await Task.sleep(for: .milliseconds(500))
-        let values = rec.all.compactMap { $0.body[1].stringVariantDictionary?["Value"]?.bytes }
-        #expect(values.count >= 15)  // 50 Hz for ~0.5 s, plus the pushed one
-        #expect(values.contains([0x1E, 0x48, 0x10, 0x00, 0x55, 0x03]))
+        // The generator's rhythm: the spacing of the next generated values as received. The median ignores the odd
+        // late or bunched delivery on a busy machine; 50 Hz is 20 ms apart.
+        func generated() -> [(value: [UInt8], received: ContinuousClock.Instant)] {
+            let timed = rec.timed.compactMap { entry in
+                entry.message.body[1].stringVariantDictionary?["Value"]?.bytes.map { ($0, entry.received) }
+            }
+            guard let pushed = timed.firstIndex(where: { $0.0 == [0x00, 0x99] }) else { return [] }
+            return Array(timed[(pushed + 1)...])
+        }
+        let count = 21
+        try await rec.wait("\(count) generated values") { _ in generated().count >= count }
+        let values = generated().prefix(count)
+        let spacings = zip(values.dropFirst(), values).map { $0.received - $1.received }.sorted()
+        let median = spacings[spacings.count / 2]
+        #expect(median >= .milliseconds(14) && median <= .milliseconds(26), "median spacing \(median) of \(spacings)")
+        #expect(values.contains { $0.value == [0x1E, 0x48, 0x10, 0x00, 0x55, 0x03] })
     }
 
     @Test func restartDaemonDropsEverythingAndComesBack() async throws {
@@ -578,6 +608,8 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
                 peripherals:
                   - address: "C0:FF:EE:00:00:01"
                     advertising_interval: 0.05
+                    rssi: -60
+                    rssi_jitter: 30
                     manufacturer_data: [{company: 0x004C, value: "02 15"}]
                 """)
         defer { sim.stopInBackground() }
@@ -585,8 +617,12 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
         let device: DBusObjectPath = "/org/bluez/hci0/dev_C0_FF_EE_00_00_01"
         let rec = try await SignalRecorder(c.connection)
         try await c.discover(device)
-        try await Task.sleep(for: .milliseconds(400))
-        // Static payload, DuplicateData=false (the default): nothing after the first sighting.
+        // Static payload, DuplicateData=false (the default): nothing after the first sighting. The jittering RSSI
+        // is signalled (a change of 8 dBm or more), so each RSSI change shows that a later advertisement was
+        // handled; after several of them, the data was never signalled again.
+        try await rec.wait("five later advertisements") {
+            $0.filter { SignalRecorder.describe($0).hasPrefix("PC \(device.rawValue) {") }.count >= 5
+        }
         #expect(!rec.all.contains { SignalRecorder.describe($0).contains("ManufacturerData") })
         try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StopDiscovery")
         try await c.call(
@@ -609,8 +645,18 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
             [
                 .stringVariantDictionary([("RSSI", .int16(-65)), ("Transport", .string("le"))])
             ])
+        let rec = try await SignalRecorder(c.connection)
         try await c.discover(hrPath)  // -58 ± 3
-        try await Task.sleep(for: .milliseconds(500))
+        // Every device advertises first within 55 ms of StartDiscovery; the heart-rate strap advertises every 100 ms,
+        // and with an RSSI filter each RSSI change is signalled. A change of its RSSI therefore comes from a later
+        // advertisement than every device's first one, and a weak device let through would be in the signals
+        // before it.
+        try await rec.wait("a later advertisement of the strap") {
+            $0.contains { SignalRecorder.describe($0).hasPrefix("PC \(hrPath.rawValue) {") }
+        }
+        let exported = rec.all.filter { $0.member == "InterfacesAdded" }.map(SignalRecorder.describe)
+        #expect(!exported.contains("IA /org/bluez/hci0/dev_CB_B8_33_4C_88_4F"))
+        #expect(!exported.contains("IA /org/bluez/hci0/dev_A4_C1_38_8F_80_A5"))
         let paths = try await c.managedPaths()
         #expect(!paths.contains("/org/bluez/hci0/dev_CB_B8_33_4C_88_4F"))  // Ruuvi at -80
         #expect(!paths.contains("/org/bluez/hci0/dev_A4_C1_38_8F_80_A5"))  // BTHome at -75

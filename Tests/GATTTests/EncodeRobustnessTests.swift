@@ -5,15 +5,15 @@ import GATT
 import Testing
 
 /// Values that a careless encoder would turn into a trapping integer conversion.
-let auditHostileValues: [GATTValue] = [
+let hostileEncoderValues: [GATTValue] = [
     .double(1e300), .double(-1e300), .double(.nan), .double(.infinity), .double(-.infinity), .double(1e19),
     .double(-1e19), .double(9.3e18), .int(.max), .int(.min), .int(-1), .int(70_000), .int(5_000_000_000),
     .string(String(repeating: "x", count: 300)), .string(""), .string("255.255.255.256"), .bool(true), .null,
     .array([.int(.max), .double(.nan)]), .array([]),
 ]
 
-@Suite("Audit: encoders never trap")
-struct AuditEncodeRobustnessTests {
+@Suite("Encoders never trap")
+struct EncodeRobustnessTests {
     @Test("every field of decodable readings, replaced by hostile values, encodes or throws")
     func hostileFieldValues() {
         var rng = SplitMix64(state: 0xA0D1_7E5C)
@@ -27,7 +27,7 @@ struct AuditEncodeRobustnessTests {
             }
             for reading in readings {
                 for index in reading.fields.indices {
-                    for hostile in auditHostileValues {
+                    for hostile in hostileEncoderValues {
                         var mutated = reading
                         mutated.fields[index].value = hostile
                         _ = try? parser.encode(mutated)
@@ -42,7 +42,7 @@ struct AuditEncodeRobustnessTests {
     @Test("a reading with only hostile fields encodes or throws for every parser")
     func hostileOnly() {
         for parser in BuiltInCharacteristicParsers.all {
-            for hostile in auditHostileValues {
+            for hostile in hostileEncoderValues {
                 let names = ["value", "flags", "year", "heart_rate_bpm", "temperature_celsius", "level_pct"]
                 _ = try? parser.encode(GATTReading(names.map { GATTField($0, hostile) }))
             }
@@ -68,7 +68,7 @@ struct AuditEncodeRobustnessTests {
     func bthomeHostileObjects() {
         var encoded = 0
         for id in UInt8(0)...255 {
-            for hostile in auditHostileValues + [.array([.string("rotate_left"), .double(1e300)])] {
+            for hostile in hostileEncoderValues + [.array([.string("rotate_left"), .double(1e300)])] {
                 if (try? BTHomeEncoder.encode([BTHomeObject(id: id, hostile)])) != nil { encoded += 1 }
             }
         }
@@ -84,12 +84,13 @@ struct AuditEncodeRobustnessTests {
             .init(name: "e", type: "u8", offset: 9, enumNames: [1: "one"]),
             .init(name: "f", type: "utf8", offset: 10, length: 3), .init(name: "g", type: "hex", offset: 13),
         ]
-        let parser = try DeclarativeParser(DeclarativeParserSpec(name: "audit_declared", uuid: "FFF2", fields: fields))
+        let parser = try DeclarativeParser(
+            DeclarativeParserSpec(name: "hostile_declared", uuid: "FFF2", fields: fields))
         let valid: [GATTValue] = [
             .double(1.5), .double(2), .double(3), .bool(true), .int(1), .string("ab"), .string("00"),
         ]
         for index in fields.indices {
-            for hostile in auditHostileValues {
+            for hostile in hostileEncoderValues {
                 var values = valid
                 values[index] = hostile
                 _ = try? parser.encode(GATTReading(zip(fields, values).map { GATTField($0.name, $1) }))

@@ -3,7 +3,7 @@
 import BlueZ
 import Testing
 
-@Suite struct AuditUUIDTests {
+@Suite struct BlueZUUIDTextTests {
     @Test func fullwidthDigitsAreNotAUUID() {
         #expect(bluezUUIDString("\u{FF11}\u{FF18}\u{FF10}\u{FF24}") == nil)
         #expect(bluezUUIDString("0000180\u{FF24}") == nil)

@@ -2,7 +2,7 @@
 import BlueZ
 import Testing
 
-@Suite struct AuditErrorTextTests {
+@Suite struct BlueZErrorTextTests {
     private let device = BlueZDeviceLabel(address: "A4:C1:38:00:11:22", name: "kitchen-thermo")
 
     @Test func bluetoothdUnavailableSaysWhatToDo() {

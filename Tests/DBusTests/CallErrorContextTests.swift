@@ -3,7 +3,7 @@
 import DBus
 import Testing
 
-@Suite struct AuditCallContextTests {
+@Suite struct CallErrorContextTests {
     @Test func callOnClosedConnectionNamesTheCall() async throws {
         let fixture = try await BusFixture()
         let connection = try fixture.connect()
