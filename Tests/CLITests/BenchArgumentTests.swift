@@ -4,7 +4,7 @@ import Foundation
 import TestSupport
 import Testing
 
-@Suite struct AuditBenchArgumentTests {
+@Suite struct BenchArgumentTests {
     @Test(arguments: [
         (["--port", "1", "--payload", "-1"], "--payload: '-1' is not a whole number from 0 to"),
         (["--port", "1", "--count", "0"], "--count: '0' is not a whole number from 1 to"),

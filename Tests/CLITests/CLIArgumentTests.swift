@@ -5,7 +5,7 @@ import Foundation
 import TestSupport
 import Testing
 
-@Suite struct AuditCLIArgumentTests {
+@Suite struct CLIArgumentTests {
     /// A bus address that cannot be reached, so an option that slips through fails differently from a usage error.
     private let noBus = ["DBUS_SYSTEM_BUS_ADDRESS": "unix:path=/nonexistent/audit-no-bus"]
 
