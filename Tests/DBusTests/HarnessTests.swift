@@ -26,8 +26,9 @@ import Testing
         let child = try ChildProcess(executable: Self.sleep, arguments: ["30"])
         let start = ContinuousClock.now
         await child.stop(grace: 5)
-        // Well inside the 5 s grace, so SIGTERM (not a SIGKILL after the grace) ended it, even on a loaded machine.
-        #expect(ContinuousClock.now - start < .seconds(4.5))
+        // The termination status below proves SIGTERM ended it (a SIGKILL after the grace would show 9); the time only
+        // bounds the wait, which on a loaded machine can reach the grace period while the poll waits for a thread.
+        #expect(ContinuousClock.now - start < .seconds(10))
         #expect(child.process.terminationReason == .uncaughtSignal)
         #expect(child.process.terminationStatus == SIGTERM)
         let status = try await offPool {
@@ -43,8 +44,9 @@ import Testing
         #expect(bus.address.hasPrefix("unix:path=\(bus.directory.url.path)/bus"))
         let start = ContinuousClock.now
         await bus.stop()
-        // Well inside the 5 s grace, so SIGTERM (not a SIGKILL after the grace) ended it, even on a loaded machine.
-        #expect(ContinuousClock.now - start < .seconds(4.5))
+        // The termination status below proves SIGTERM ended it (a SIGKILL after the grace would show 9); the time only
+        // bounds the wait, which on a loaded machine can reach the grace period while the poll waits for a thread.
+        #expect(ContinuousClock.now - start < .seconds(10))
         #expect(bus.daemon.process.terminationReason == .exit)
     }
 
