@@ -28,6 +28,10 @@ public struct BlueZNotifications: AsyncSequence, Sendable {
 
     /// Returns an iterator; iterate once.
     public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(base: base.makeAsyncIterator()) }
+
+    /// The values as a plain stream, to hand on without a task of one's own that relays them (each relay is a
+    /// wake-up and a copy per notification). Iterate either this or the sequence itself, once.
+    public var stream: AsyncThrowingStream<[UInt8], any Error> { base }
 }
 
 final class NotifySession: Sendable {
@@ -36,6 +40,8 @@ final class NotifySession: Sendable {
     let label: BlueZDeviceLabel
     let stream: BlueZNotifications
     private let continuation: AsyncThrowingStream<[UInt8], any Error>.Continuation
+    /// Turns the error the stream ends with into the one its consumer expects.
+    private let mapError: @Sendable (BlueZError) -> any Error
 
     private struct State: @unchecked Sendable {
         // DispatchSourceRead is thread-safe; it is only touched under the lock here.
@@ -48,7 +54,11 @@ final class NotifySession: Sendable {
     private let state = Mutex(State())
     private static let queue = DispatchQueue(label: "blebridge.bluez.notify")
 
-    init(peripheral: BlueZPeripheral, characteristic: BlueZCharacteristic) {
+    init(
+        peripheral: BlueZPeripheral, characteristic: BlueZCharacteristic,
+        mapError: @escaping @Sendable (BlueZError) -> any Error = { $0 }
+    ) {
+        self.mapError = mapError
         self.peripheral = peripheral
         self.characteristic = characteristic
         self.label = peripheral.label
@@ -206,7 +216,7 @@ final class NotifySession: Sendable {
         source?.cancel()
         guard first else { return }
         if let error {
-            continuation.finish(throwing: error)
+            continuation.finish(throwing: mapError(error))
         } else {
             continuation.finish()
         }

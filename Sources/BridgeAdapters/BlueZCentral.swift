@@ -144,7 +144,9 @@ public final class BlueZCentral: BLECentral {
                     for await event in discovery.events {
                         switch event {
                         case .appeared(let d), .updated(let d):
-                            if let adv = Self.advertisement(d, adapter: name) { continuation.yield(.advertisement(adv)) }
+                            if let adv = Self.advertisement(d, adapter: name) {
+                                continuation.yield(.advertisement(adv))
+                            }
                         case .lost(let d):
                             if let a = BLEAddress(d.address) { continuation.yield(.deviceRemoved(a, adapter: name)) }
                         }
@@ -199,12 +201,15 @@ public final class BlueZCentral: BLECentral {
         for c in peripheral.characteristics() {
             guard let uuid = BluetoothUUID(c.uuid) else { continue }
             var format: [UInt8]?
-            if let d = peripheral.descriptors(of: c).first(where: { BluetoothUUID($0.uuid) == BluetoothUUID(UInt16(0x2904)) }) {
+            if let d = peripheral.descriptors(of: c).first(where: {
+                BluetoothUUID($0.uuid) == BluetoothUUID(UInt16(0x2904))
+            }) {
                 format = try? await peripheral.read(d)
             }
             let service = services[c.servicePath].flatMap(BluetoothUUID.init) ?? BluetoothUUID(UInt16(0))
             characteristics.append(
-                BLECharacteristic(id: c.path, uuid: uuid, serviceUUID: service, flags: Set(c.flags), presentationFormat: format))
+                BLECharacteristic(
+                    id: c.path, uuid: uuid, serviceUUID: service, flags: Set(c.flags), presentationFormat: format))
         }
         return BlueZLink(peripheral: peripheral, address: address, adapter: adapter, characteristics: characteristics)
     }
@@ -274,7 +279,8 @@ final class BlueZLink: BLELink {
 
     func bluez(_ c: BLECharacteristic) throws(BLEError) -> BlueZCharacteristic {
         guard let found = peripheral.characteristics().first(where: { $0.path == c.id }) else {
-            throw BLEError(.notSupported, message: "device \(address): characteristic \(c.uuid) is gone (services changed)")
+            throw BLEError(
+                .notSupported, message: "device \(address): characteristic \(c.uuid) is gone (services changed)")
         }
         return found
     }
@@ -299,24 +305,14 @@ final class BlueZLink: BLELink {
 
     func notifications(_ characteristic: BLECharacteristic) async throws(BLEError) -> BLENotificationStream {
         let c = try bluez(characteristic)
-        let values: BlueZNotifications
         do {
-            values = try await peripheral.notifications(for: c)
+            // The session's own stream, its end error already classified: no relay task per subscription.
+            return try await peripheral.notifications(
+                for: c,
+                mapError: { error in BlueZCentral.classify(error) }
+            ).stream
         } catch {
             throw BlueZCentral.classify(error)
-        }
-        return BLENotificationStream { continuation in
-            let task = Task {
-                do {
-                    for try await value in values { continuation.yield(value) }
-                    continuation.finish()
-                } catch let error as BlueZError {
-                    continuation.finish(throwing: BlueZCentral.classify(error))
-                } catch {
-                    continuation.finish(throwing: error)
-                }
-            }
-            continuation.onTermination = { _ in task.cancel() }
         }
     }
 
