@@ -141,10 +141,12 @@ public final class BlueZCentral: BLECentral {
                 let discovery = try await client.startDiscovery(on: adapter, filter: filter)
                 let name = adapter.name
                 let task = Task { [continuation] in
+                    // Parsed addresses and UUIDs, by their text: the same few come with every advertisement.
+                    var parsed = AdvertisementTextCache()
                     for await event in discovery.events {
                         switch event {
                         case .appeared(let d), .updated(let d):
-                            if let adv = Self.advertisement(d, adapter: name) {
+                            if let adv = Self.advertisement(d, adapter: name, cache: &parsed) {
                                 continuation.yield(.advertisement(adv))
                             }
                         case .lost(let d):
@@ -162,12 +164,20 @@ public final class BlueZCentral: BLECentral {
     }
 
     static func advertisement(_ d: BlueZDevice, adapter: String) -> BLEAdvertisement? {
-        guard let address = BLEAddress(d.address) else { return nil }
+        var cache = AdvertisementTextCache()
+        return advertisement(d, adapter: adapter, cache: &cache)
+    }
+
+    /// `advertisement(_:adapter:)`, parsing each address and UUID text once per `cache`.
+    static func advertisement(_ d: BlueZDevice, adapter: String, cache: inout AdvertisementTextCache)
+        -> BLEAdvertisement?
+    {
+        guard let address = cache.address(d.address) else { return nil }
         var serviceData: [BluetoothUUID: [UInt8]] = [:]
-        for (k, v) in d.serviceData { if let u = BluetoothUUID(k) { serviceData[u] = v } }
+        for (k, v) in d.serviceData { if let u = cache.uuid(k) { serviceData[u] = v } }
         return BLEAdvertisement(
             address: address, adapter: adapter, name: d.name, rssi: d.rssi.map(Int.init),
-            txPower: d.txPower.map(Int.init), serviceUUIDs: d.uuids.compactMap(BluetoothUUID.init),
+            txPower: d.txPower.map(Int.init), serviceUUIDs: d.uuids.compactMap { cache.uuid($0) },
             serviceData: serviceData, manufacturerData: d.manufacturerData)
     }
 
@@ -322,4 +332,30 @@ final class BlueZLink: BLELink {
     }
 
     func disconnect() async { await peripheral.disconnect() }
+}
+
+/// Addresses and UUIDs parsed from BlueZ's text, remembered by that text (nil: the text does not parse). Bounded:
+/// it starts over once it holds `limit` entries, so random addresses cannot make it grow without end.
+struct AdvertisementTextCache {
+    private var addresses: [String: BLEAddress?] = [:]
+    private var uuids: [String: BluetoothUUID?] = [:]
+    let limit = 4096
+
+    /// `BLEAddress(text)`.
+    mutating func address(_ text: String) -> BLEAddress? {
+        if let known = addresses[text] { return known }
+        if addresses.count >= limit { addresses.removeAll(keepingCapacity: true) }
+        let parsed = BLEAddress(text)
+        addresses[text] = .some(parsed)
+        return parsed
+    }
+
+    /// `BluetoothUUID(text)`.
+    mutating func uuid(_ text: String) -> BluetoothUUID? {
+        if let known = uuids[text] { return known }
+        if uuids.count >= limit { uuids.removeAll(keepingCapacity: true) }
+        let parsed = BluetoothUUID(text)
+        uuids[text] = .some(parsed)
+        return parsed
+    }
 }
