@@ -647,15 +647,17 @@ final class ConnectionCore: @unchecked Sendable {
         }
     }
 
+    /// While stopping: until when the loop goes on polling this connection so that what is still queued gets
+    /// written (never hanging on a stuck bus, and never holding up the other connections meanwhile).
+    fileprivate var flushDeadline: Int64?
+
+    /// True once nothing more can or needs to be written before closing.
+    fileprivate var isFlushed: Bool {
+        dbus_connection_get_is_connected(connection) == 0 || dbus_connection_has_messages_to_send(connection) == 0
+    }
+
+    /// Closes the connection (after the loop flushed what it could, see `flushDeadline`) and fails what is left.
     fileprivate func finishShutdown() {
-        // Write out what is still queued, but never hang on a stuck bus: at most about a second.
-        var rounds = 0
-        while rounds < 20, dbus_connection_get_is_connected(connection) != 0,
-            dbus_connection_has_messages_to_send(connection) != 0
-        {
-            _ = dbus_connection_read_write(connection, 50)
-            rounds += 1
-        }
         dbus_connection_close(connection)
         dispatchAll()
         markDisconnected()
@@ -876,11 +878,22 @@ final class IOLoop: Sendable {
             var busy = false
             var index = 0
             while index < cores.count {
-                switch cores[index].step() {
+                let core = cores[index]
+                if let deadline = core.flushDeadline {
+                    // Stopping: close once written out, or after at most about a second.
+                    if core.isFlushed || ConnectionCore.now() >= deadline {
+                        cores.remove(at: index)
+                        core.finishShutdown()
+                        core.markExited()
+                        continue
+                    }
+                    index += 1
+                    continue
+                }
+                switch core.step() {
                 case .stopped:
-                    let core = cores.remove(at: index)
-                    core.finishShutdown()
-                    core.markExited()
+                    // Looked at again right away: most connections have nothing left to write.
+                    core.flushDeadline = ConnectionCore.now() + 1000
                     continue
                 case .busy:
                     busy = true
@@ -891,7 +904,7 @@ final class IOLoop: Sendable {
             }
             if busy { continue }
             var asleep = true
-            for core in cores where !core.prepareSleep() { asleep = false }
+            for core in cores where core.flushDeadline == nil && !core.prepareSleep() { asleep = false }
             if !asleep {
                 for core in cores { core.wokeUp() }
                 continue
@@ -906,7 +919,11 @@ final class IOLoop: Sendable {
             for core in cores {
                 let start = fds.count
                 spans.append((start, core.appendPollDescriptors(&fds)))
-                let t = core.pollTimeout(now: now)
+                var t = core.pollTimeout(now: now)
+                if let deadline = core.flushDeadline {
+                    let remaining = Int32(min(max(0, deadline - now), 1000))
+                    t = t < 0 ? remaining : min(t, remaining)
+                }
                 if t >= 0, timeoutMs < 0 || t < timeoutMs { timeoutMs = t }
             }
             let rc = poll(&fds, nfds_t(fds.count), timeoutMs)
