@@ -348,7 +348,7 @@ public final class BlueZClient: Sendable {
             }
             if changed { continuation.yield(state) }
         }
-        let id = subscribe { _, tree in emit(tree) }
+        let id = subscribe { event, tree in if event.touchesAdapters { emit(tree) } }
         emit(tree)
         continuation.onTermination = { [weak self] _ in self?.unsubscribe(id) }
         return stream
@@ -359,6 +359,8 @@ public final class BlueZClient: Sendable {
         let (stream, continuation) = AsyncStream<BlueZClientEvent>.makeStream(bufferingPolicy: .bufferingNewest(64))
         let known = Mutex<[String: BlueZAdapter]>(Dictionary(uniqueKeysWithValues: adapters.map { ($0.path, $0) }))
         let id = subscribe { event, tree in
+            // Most signals are about devices (every advertisement is a PropertiesChanged): nothing to compare.
+            guard event.touchesAdapters else { return }
             var out: [BlueZClientEvent] = []
             if case .daemonLost(_, let busLost) = event {
                 out.append(busLost ? .busLost(reason: "the connection to the system bus was lost") : .bluetoothdStopped)

@@ -28,6 +28,10 @@ public struct BlueZNotifications: AsyncSequence, Sendable {
 
     /// Returns an iterator; iterate once.
     public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(base: base.makeAsyncIterator()) }
+
+    /// The values as a plain stream, to hand on without a task of one's own that relays them (each relay is a
+    /// wake-up and a copy per notification). Iterate either this or the sequence itself, once.
+    public var stream: AsyncThrowingStream<[UInt8], any Error> { base }
 }
 
 final class NotifySession: Sendable {
@@ -36,10 +40,14 @@ final class NotifySession: Sendable {
     let label: BlueZDeviceLabel
     let stream: BlueZNotifications
     private let continuation: AsyncThrowingStream<[UInt8], any Error>.Continuation
+    /// Turns the error the stream ends with into the one its consumer expects.
+    private let mapError: @Sendable (BlueZError) -> any Error
 
     private struct State: @unchecked Sendable {
         // DispatchSourceRead is thread-safe; it is only touched under the lock here.
         var source: (any DispatchSourceRead)?
+        /// The socket, while `NotifySocketReader.shared` reads it.
+        var readerFD: Int32?
         var startNotify = false
         /// A `Notifying: true` signal was seen after this session started.
         var confirmed = false
@@ -48,7 +56,11 @@ final class NotifySession: Sendable {
     private let state = Mutex(State())
     private static let queue = DispatchQueue(label: "blebridge.bluez.notify")
 
-    init(peripheral: BlueZPeripheral, characteristic: BlueZCharacteristic) {
+    init(
+        peripheral: BlueZPeripheral, characteristic: BlueZCharacteristic,
+        mapError: @escaping @Sendable (BlueZError) -> any Error = { $0 }
+    ) {
+        self.mapError = mapError
         self.peripheral = peripheral
         self.characteristic = characteristic
         self.label = peripheral.label
@@ -63,7 +75,22 @@ final class NotifySession: Sendable {
     }
 
     deinit {
-        state.withLock { $0.source }?.cancel()
+        let (source, fd) = state.withLock { ($0.source, $0.readerFD) }
+        source?.cancel()
+        if let fd { NotifySocketReader.shared.remove(fd) }
+    }
+
+    /// Stops reading the socket (closing it), whichever way it is read.
+    private func stopReading() {
+        let (source, fd) = state.withLock { s -> ((any DispatchSourceRead)?, Int32?) in
+            defer {
+                s.source = nil
+                s.readerFD = nil
+            }
+            return (s.source, s.readerFD)
+        }
+        source?.cancel()
+        if let fd { NotifySocketReader.shared.remove(fd) }
     }
 
     /// A value from PropertiesChanged(Value) (StartNotify mode).
@@ -83,33 +110,60 @@ final class NotifySession: Sendable {
     func startSocket(fd: Int32) {
         let flags = fcntl(fd, F_GETFL)
         if flags >= 0 { _ = fcntl(fd, F_SETFL, flags | O_NONBLOCK) }
-        let source = DispatchSource.makeReadSource(fileDescriptor: fd, queue: Self.queue)
-        source.setEventHandler { [weak self] in
+        // One buffer per socket, reused: handlers for a socket never run concurrently (one reader thread, or one
+        // serial queue).
+        let buffer = ReadBuffer()
+        let drain: @Sendable () -> Void = { [weak self] in
             guard let self else { return }
-            var buffer = [UInt8](repeating: 0, count: 1024)
-            while true {
-                let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
-                if n > 0 {
-                    self.continuation.yield(Array(buffer[0..<n]))
-                    continue
-                }
-                if n == 0, !Self.isShutDown(fd) || Self.bytesQueued(fd) > 0 {
-                    self.continuation.yield([])
-                    continue
-                }
-                if n < 0 {
-                    let e = errno
-                    if e == EINTR { continue }
-                    if e == EAGAIN || e == EWOULDBLOCK { return }
-                }
-                // EOF or a hard error: BlueZ shut the socket (disconnect, release, or bluetoothd stopped).
-                self.socketClosed()
-                return
-            }
+            buffer.drain(fd, self)
         }
+        // Recorded first: the reader may run the handler (and find the end of the socket) before add returns.
+        state.withLock { $0.readerFD = fd }
+        if NotifySocketReader.shared.add(fd, handler: drain) {
+            // Ended in between (its stopReading found nothing registered yet): unregister now.
+            if state.withLock({ $0.ended }) { NotifySocketReader.shared.remove(fd) }
+            return
+        }
+        state.withLock { $0.readerFD = nil }
+        let source = DispatchSource.makeReadSource(fileDescriptor: fd, queue: Self.queue)
+        source.setEventHandler(handler: drain)
         source.setCancelHandler { close(fd) }
         state.withLock { $0.source = source }
         source.resume()
+    }
+
+    /// The receive buffer of one socket.
+    private final class ReadBuffer: @unchecked Sendable {
+        // Only touched by the socket's handler, which never runs twice at once.
+        var bytes = [UInt8](repeating: 0, count: 1024)
+
+        /// Reads every queued datagram.
+        func drain(_ fd: Int32, _ session: NotifySession) {
+            session.drainSocket(fd, &bytes)
+        }
+    }
+
+    /// Reads every queued datagram from `fd` and yields each; on end of file ends the session.
+    private func drainSocket(_ fd: Int32, _ buffer: inout [UInt8]) {
+        while true {
+            let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+            if n > 0 {
+                self.continuation.yield(Array(buffer[0..<n]))
+                continue
+            }
+            if n == 0, !Self.isShutDown(fd) || Self.bytesQueued(fd) > 0 {
+                self.continuation.yield([])
+                continue
+            }
+            if n < 0 {
+                let e = errno
+                if e == EINTR { continue }
+                if e == EAGAIN || e == EWOULDBLOCK { return }
+            }
+            // EOF or a hard error: BlueZ shut the socket (disconnect, release, or bluetoothd stopped).
+            self.socketClosed()
+            return
+        }
     }
 
     /// Linux's POLLRDHUP (peer shut down writing); Glibc only declares it under _GNU_SOURCE.
@@ -130,11 +184,7 @@ final class NotifySession: Sendable {
     }
 
     private func socketClosed() {
-        let source = state.withLock { s -> (any DispatchSourceRead)? in
-            defer { s.source = nil }
-            return s.source
-        }
-        source?.cancel()
+        stopReading()
         // The socket closes just before Connected=false on a disconnect: give the disconnect a moment to be told.
         endUnlessDisconnecting(
             "bluetoothd closed the notification socket while the device stayed connected (another client's "
@@ -197,16 +247,15 @@ final class NotifySession: Sendable {
 
     /// Ends the stream (once): normally when `error` is nil.
     func end(_ error: BlueZError?) {
-        let (first, source) = state.withLock { s -> (Bool, (any DispatchSourceRead)?) in
+        let first = state.withLock { s -> Bool in
             let first = !s.ended
             s.ended = true
-            defer { s.source = nil }
-            return (first, s.source)
+            return first
         }
-        source?.cancel()
+        stopReading()
         guard first else { return }
         if let error {
-            continuation.finish(throwing: error)
+            continuation.finish(throwing: mapError(error))
         } else {
             continuation.finish()
         }

@@ -28,18 +28,89 @@ enum BlueZTreeEvent: Sendable {
     case busRestored
 }
 
+extension BlueZTreeEvent {
+    /// True when the event can change what `BlueZObjectTree.adapters` returns: an `Adapter1` (or the
+    /// `AdvertisementMonitorManager1` an adapter offers) came, went or changed, or the whole mirror was replaced.
+    var touchesAdapters: Bool {
+        switch self {
+        case .interfacesAdded(_, let interfaces):
+            return interfaces[BlueZName.adapter] != nil || interfaces[BlueZName.monitorManager] != nil
+        case .interfacesRemoved(_, let interfaces, _):
+            return interfaces.contains(BlueZName.adapter) || interfaces.contains(BlueZName.monitorManager)
+        case .propertiesChanged(_, let interface, _, _):
+            return interface == BlueZName.adapter || interface == BlueZName.monitorManager
+        case .deviceDisconnected:
+            return false
+        case .reloaded, .daemonLost, .busRestored:
+            return true
+        }
+    }
+}
+
 /// The mirror itself: properties by path and interface.
+///
+/// Besides the objects it keeps indexes (adapter paths, device paths, devices by address) up to date with every
+/// change, so that the queries a signal triggers cost what the signal touched, not a scan of the whole tree.
 struct BlueZObjectTree: Sendable {
     private(set) var objects: [String: [String: [String: DBusValue]]] = [:]
+    /// Paths of the objects with an `Adapter1`, in path order.
+    private(set) var adapterPaths: [String] = []
+    /// Paths of the objects with a `Device1`.
+    private(set) var devicePaths: Set<String> = []
+    /// Device paths by upper-cased `Address`.
+    private var devicesByAddress: [String: Set<String>] = [:]
+    /// The upper-cased `Address` each device path is indexed under.
+    private var deviceAddresses: [String: String] = [:]
 
     /// Replaces everything with a GetManagedObjects reply body (`a{oa{sa{sv}}}`).
     mutating func load(managedObjects value: DBusValue) {
-        objects = [:]
+        clear()
         for entry in value.dictionaryEntries ?? [] {
             guard let path = entry.key.string else { continue }
             let interfaces = Self.interfaces(entry.value)
             if !interfaces.isEmpty { objects[path] = interfaces }
         }
+        for path in objects.keys { reindex(path) }
+    }
+
+    /// Brings the indexes up to date for the object at `path` after it changed.
+    private mutating func reindex(_ path: String) {
+        let interfaces = objects[path]
+        let isAdapter = interfaces?[BlueZName.adapter] != nil
+        let adapterIndex = Self.insertionIndex(path, in: adapterPaths)
+        let listed = adapterIndex < adapterPaths.count && adapterPaths[adapterIndex] == path
+        if isAdapter, !listed {
+            adapterPaths.insert(path, at: adapterIndex)
+        } else if !isAdapter, listed {
+            adapterPaths.remove(at: adapterIndex)
+        }
+        let address: String?
+        if let device = interfaces?[BlueZName.device] {
+            devicePaths.insert(path)
+            address = (device["Address"]?.string ?? "").uppercased()
+        } else {
+            devicePaths.remove(path)
+            address = nil
+        }
+        let old = deviceAddresses[path]
+        guard old != address else { return }
+        if let old {
+            devicesByAddress[old]?.remove(path)
+            if devicesByAddress[old]?.isEmpty == true { devicesByAddress[old] = nil }
+        }
+        deviceAddresses[path] = address
+        if let address { devicesByAddress[address, default: []].insert(path) }
+    }
+
+    /// Where `path` is, or would go, in the sorted `paths`.
+    private static func insertionIndex(_ path: String, in paths: [String]) -> Int {
+        var low = 0
+        var high = paths.count
+        while low < high {
+            let mid = (low + high) / 2
+            if paths[mid] < path { low = mid + 1 } else { high = mid }
+        }
+        return low
     }
 
     /// Parses `a{sa{sv}}`, dropping the standard interfaces.
@@ -61,6 +132,7 @@ struct BlueZObjectTree: Sendable {
             let added = Self.interfaces(message.body[1])
             guard !added.isEmpty else { return nil }
             objects[path, default: [:]].merge(added) { old, new in old.merging(new) { $1 } }
+            reindex(path)
             return .interfacesAdded(path: path, interfaces: added)
         case (BlueZName.objectManager?, "InterfacesRemoved"):
             guard message.body.count >= 2, let path = message.body[0].string else { return nil }
@@ -71,6 +143,7 @@ struct BlueZObjectTree: Sendable {
             var remaining = previous
             for name in names { remaining[name] = nil }
             objects[path] = remaining.isEmpty ? nil : remaining
+            reindex(path)
             return .interfacesRemoved(path: path, interfaces: names, previous: previous)
         case (BlueZName.properties?, "PropertiesChanged"):
             guard let path = message.path?.rawValue, message.body.count >= 2,
@@ -84,6 +157,9 @@ struct BlueZObjectTree: Sendable {
             guard objects[path]?[interface] != nil else { return nil }
             objects[path]?[interface]?.merge(changed) { $1 }
             for name in invalidated { objects[path]?[interface]?[name] = nil }
+            if interface == BlueZName.device, changed["Address"] != nil || invalidated.contains("Address") {
+                reindex(path)
+            }
             return .propertiesChanged(path: path, interface: interface, changed: changed, invalidated: invalidated)
         case (BlueZName.device?, "Disconnected"):
             guard let path = message.path?.rawValue else { return nil }
@@ -95,7 +171,13 @@ struct BlueZObjectTree: Sendable {
         }
     }
 
-    mutating func clear() { objects = [:] }
+    mutating func clear() {
+        objects = [:]
+        adapterPaths = []
+        devicePaths = []
+        devicesByAddress = [:]
+        deviceAddresses = [:]
+    }
 
     // MARK: queries
 
@@ -104,7 +186,7 @@ struct BlueZObjectTree: Sendable {
     func has(_ path: String, _ interface: String) -> Bool { objects[path]?[interface] != nil }
 
     var adapters: [BlueZAdapter] {
-        objects.keys.sorted().compactMap { adapter(at: $0) }
+        adapterPaths.compactMap { adapter(at: $0) }
     }
 
     func adapter(at path: String) -> BlueZAdapter? {
@@ -142,12 +224,14 @@ struct BlueZObjectTree: Sendable {
             paired: p["Paired"]?.bool ?? false)
     }
 
-    var devices: [BlueZDevice] { objects.keys.sorted().compactMap { device(at: $0) } }
+    var devices: [BlueZDevice] { devicePaths.sorted().compactMap { device(at: $0) } }
 
-    /// The device with `address` on `adapterPath` (any adapter when nil).
+    /// The device with `address` on `adapterPath` (any adapter when nil); the first in path order when several are.
     func device(address: String, adapterPath: String?) -> BlueZDevice? {
-        let wanted = address.uppercased()
-        return devices.first { $0.address == wanted && (adapterPath == nil || $0.adapterPath == adapterPath) }
+        guard let paths = devicesByAddress[address.uppercased()] else { return nil }
+        return paths.sorted().lazy.compactMap { device(at: $0) }.first {
+            adapterPath == nil || $0.adapterPath == adapterPath
+        }
     }
 
     func service(at path: String) -> BlueZService? {

@@ -660,6 +660,17 @@ public final class BlueZPeripheral: Sendable {
     public func notifications(for characteristic: BlueZCharacteristic, preferAcquire: Bool = true)
         async throws(BlueZError) -> BlueZNotifications
     {
+        try await notifications(for: characteristic, preferAcquire: preferAcquire, mapError: { $0 })
+    }
+
+    /// Subscribes like `notifications(for:preferAcquire:)`; the stream ends with `mapError(error)` instead of the
+    /// `BlueZError` itself, so that a consumer expecting errors of its own can take `BlueZNotifications.stream`
+    /// as it is, without relaying every value through a task that converts the error at the end.
+    /// - Throws: what `notifications(for:preferAcquire:)` throws (unmapped).
+    public func notifications(
+        for characteristic: BlueZCharacteristic, preferAcquire: Bool = true,
+        mapError: @escaping @Sendable (BlueZError) -> any Error
+    ) async throws(BlueZError) -> BlueZNotifications {
         let op = "notify \(shortUUID(characteristic.uuid))"
         if let d = disconnection { throw .disconnected(device: label, reason: d) }
         let current = client.tree.characteristic(at: characteristic.path) ?? characteristic
@@ -670,7 +681,7 @@ public final class BlueZPeripheral: Sendable {
                     name: "blebridge", message: "the characteristic has no notify or indicate flag"))
         }
         if let existing = state.withLock({ $0.sessions[characteristic.path] }) { await existing.stop() }
-        let session = NotifySession(peripheral: self, characteristic: current)
+        let session = NotifySession(peripheral: self, characteristic: current, mapError: mapError)
         if preferAcquire, current.notifyAcquireAvailable {
             do {
                 let reply = try await connection.call(

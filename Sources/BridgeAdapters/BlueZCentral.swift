@@ -141,10 +141,14 @@ public final class BlueZCentral: BLECentral {
                 let discovery = try await client.startDiscovery(on: adapter, filter: filter)
                 let name = adapter.name
                 let task = Task { [continuation] in
+                    // Parsed addresses and UUIDs, by their text: the same few come with every advertisement.
+                    var parsed = AdvertisementTextCache()
                     for await event in discovery.events {
                         switch event {
                         case .appeared(let d), .updated(let d):
-                            if let adv = Self.advertisement(d, adapter: name) { continuation.yield(.advertisement(adv)) }
+                            if let adv = Self.advertisement(d, adapter: name, cache: &parsed) {
+                                continuation.yield(.advertisement(adv))
+                            }
                         case .lost(let d):
                             if let a = BLEAddress(d.address) { continuation.yield(.deviceRemoved(a, adapter: name)) }
                         }
@@ -160,12 +164,20 @@ public final class BlueZCentral: BLECentral {
     }
 
     static func advertisement(_ d: BlueZDevice, adapter: String) -> BLEAdvertisement? {
-        guard let address = BLEAddress(d.address) else { return nil }
+        var cache = AdvertisementTextCache()
+        return advertisement(d, adapter: adapter, cache: &cache)
+    }
+
+    /// `advertisement(_:adapter:)`, parsing each address and UUID text once per `cache`.
+    static func advertisement(_ d: BlueZDevice, adapter: String, cache: inout AdvertisementTextCache)
+        -> BLEAdvertisement?
+    {
+        guard let address = cache.address(d.address) else { return nil }
         var serviceData: [BluetoothUUID: [UInt8]] = [:]
-        for (k, v) in d.serviceData { if let u = BluetoothUUID(k) { serviceData[u] = v } }
+        for (k, v) in d.serviceData { if let u = cache.uuid(k) { serviceData[u] = v } }
         return BLEAdvertisement(
             address: address, adapter: adapter, name: d.name, rssi: d.rssi.map(Int.init),
-            txPower: d.txPower.map(Int.init), serviceUUIDs: d.uuids.compactMap(BluetoothUUID.init),
+            txPower: d.txPower.map(Int.init), serviceUUIDs: d.uuids.compactMap { cache.uuid($0) },
             serviceData: serviceData, manufacturerData: d.manufacturerData)
     }
 
@@ -199,12 +211,15 @@ public final class BlueZCentral: BLECentral {
         for c in peripheral.characteristics() {
             guard let uuid = BluetoothUUID(c.uuid) else { continue }
             var format: [UInt8]?
-            if let d = peripheral.descriptors(of: c).first(where: { BluetoothUUID($0.uuid) == BluetoothUUID(UInt16(0x2904)) }) {
+            if let d = peripheral.descriptors(of: c).first(where: {
+                BluetoothUUID($0.uuid) == BluetoothUUID(UInt16(0x2904))
+            }) {
                 format = try? await peripheral.read(d)
             }
             let service = services[c.servicePath].flatMap(BluetoothUUID.init) ?? BluetoothUUID(UInt16(0))
             characteristics.append(
-                BLECharacteristic(id: c.path, uuid: uuid, serviceUUID: service, flags: Set(c.flags), presentationFormat: format))
+                BLECharacteristic(
+                    id: c.path, uuid: uuid, serviceUUID: service, flags: Set(c.flags), presentationFormat: format))
         }
         return BlueZLink(peripheral: peripheral, address: address, adapter: adapter, characteristics: characteristics)
     }
@@ -274,7 +289,8 @@ final class BlueZLink: BLELink {
 
     func bluez(_ c: BLECharacteristic) throws(BLEError) -> BlueZCharacteristic {
         guard let found = peripheral.characteristics().first(where: { $0.path == c.id }) else {
-            throw BLEError(.notSupported, message: "device \(address): characteristic \(c.uuid) is gone (services changed)")
+            throw BLEError(
+                .notSupported, message: "device \(address): characteristic \(c.uuid) is gone (services changed)")
         }
         return found
     }
@@ -299,24 +315,14 @@ final class BlueZLink: BLELink {
 
     func notifications(_ characteristic: BLECharacteristic) async throws(BLEError) -> BLENotificationStream {
         let c = try bluez(characteristic)
-        let values: BlueZNotifications
         do {
-            values = try await peripheral.notifications(for: c)
+            // The session's own stream, its end error already classified: no relay task per subscription.
+            return try await peripheral.notifications(
+                for: c,
+                mapError: { error in BlueZCentral.classify(error) }
+            ).stream
         } catch {
             throw BlueZCentral.classify(error)
-        }
-        return BLENotificationStream { continuation in
-            let task = Task {
-                do {
-                    for try await value in values { continuation.yield(value) }
-                    continuation.finish()
-                } catch let error as BlueZError {
-                    continuation.finish(throwing: BlueZCentral.classify(error))
-                } catch {
-                    continuation.finish(throwing: error)
-                }
-            }
-            continuation.onTermination = { _ in task.cancel() }
         }
     }
 
@@ -326,4 +332,30 @@ final class BlueZLink: BLELink {
     }
 
     func disconnect() async { await peripheral.disconnect() }
+}
+
+/// Addresses and UUIDs parsed from BlueZ's text, remembered by that text (nil: the text does not parse). Bounded:
+/// it starts over once it holds `limit` entries, so random addresses cannot make it grow without end.
+struct AdvertisementTextCache {
+    private var addresses: [String: BLEAddress?] = [:]
+    private var uuids: [String: BluetoothUUID?] = [:]
+    let limit = 4096
+
+    /// `BLEAddress(text)`.
+    mutating func address(_ text: String) -> BLEAddress? {
+        if let known = addresses[text] { return known }
+        if addresses.count >= limit { addresses.removeAll(keepingCapacity: true) }
+        let parsed = BLEAddress(text)
+        addresses[text] = .some(parsed)
+        return parsed
+    }
+
+    /// `BluetoothUUID(text)`.
+    mutating func uuid(_ text: String) -> BluetoothUUID? {
+        if let known = uuids[text] { return known }
+        if uuids.count >= limit { uuids.removeAll(keepingCapacity: true) }
+        let parsed = BluetoothUUID(text)
+        uuids[text] = .some(parsed)
+        return parsed
+    }
 }

@@ -402,8 +402,8 @@ public final class Bridge: Sendable {
         }
         // Advertisement data is decoded for every device: passive ones live on it, others may carry a battery level.
         var decodedAny = false
+        let registry = changed.isEmpty ? GATTParserRegistry() : engine.withLock { $0.config.registry }
         for (source, payload) in changed {
-            let registry = config.registry
             guard let parser = registry.parser(for: source) else { continue }
             let context = AdvertisementContext(
                 mac: adv.address.text, bindKey: c.bindKey, localName: adv.name, cipher: advertisementCipher)
@@ -443,9 +443,9 @@ public final class Bridge: Sendable {
     /// The device an advertisement belongs to: known by address, matched by a configured device, or an auto device.
     func resolveDevice(for adv: BLEAdvertisement) -> DeviceRecord? {
         if let r = engine.withLock({ $0.byAddress[adv.address] }) { return r }
-        let c = config
         return engine.withLock { s -> DeviceRecord? in
             if let r = s.byAddress[adv.address] { return r }
+            let c = s.config
             for device in c.devices where device.match.address == nil && device.match.matches(adv) {
                 guard let primary = s.devices[device.id] else { continue }
                 if primary.address == nil {
@@ -621,9 +621,10 @@ public final class Bridge: Sendable {
             return true
         }
         guard shouldPublish else { return }
-        let t = topics
-        let retain = r.config.retain ?? config.mqtt.retain
-        let qos = stateQoS(r)
+        // One trip to the engine for what this needs (not a copy of the whole configuration per message).
+        let (t, defaultRetain, defaultQoS) = engine.withLock { ($0.topics, $0.config.mqtt.retain, $0.config.mqtt.qos) }
+        let retain = r.config.retain ?? defaultRetain
+        let qos = r.config.qos >= 0 ? r.config.qos : defaultQoS
         if r.config.output != .attribute {
             publish(t.state(r.id), r.stateJSON(), qos: qos, retain: retain)
         }

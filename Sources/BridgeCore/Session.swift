@@ -390,12 +390,20 @@ extension Bridge {
             }
             d.lastNotification[c.uuid] = now
         }
-        engine.withLock { $0.counters.notifications += 1 }
-        decodeAndPublish(r, c, value)
+        // One trip to the engine for the counter and the registry (not a copy of the whole configuration).
+        let registry = engine.withLock { s in
+            s.counters.notifications += 1
+            return s.config.registry
+        }
+        decode(r, c, value, registry: registry)
     }
 
     func decodeAndPublish(_ r: DeviceRecord, _ c: BLECharacteristic, _ value: [UInt8]) {
-        let registry = config.registry
+        decode(r, c, value, registry: engine.withLock { $0.config.registry })
+    }
+
+    /// `decodeAndPublish` with the registry already in hand.
+    private func decode(_ r: DeviceRecord, _ c: BLECharacteristic, _ value: [UInt8], registry: GATTParserRegistry) {
         do {
             let reading = try registry.decode(
                 c.uuid, value, context: GATTDecodeContext(presentationFormat: c.presentationFormat))

@@ -1,8 +1,11 @@
-// The I/O core of a connection: one thread that owns the libdbus connection. It polls the watches libdbus hands
-// out plus an eventfd, runs libdbus timeouts, dispatches, and sends everything other threads queued. Every
-// libdbus call on the connection happens on this thread (after the handshake in init), so no libdbus lock is
-// ever contended and a message queued from any thread goes out as soon as the thread wakes.
+// The I/O core of a connection: the I/O thread owns the libdbus connection. It polls the watches libdbus hands
+// out plus a wake-up socket, runs libdbus timeouts, dispatches, and sends everything other threads queued. Every
+// libdbus call on the connection happens on that thread (after the handshake in init), so no libdbus lock is
+// ever contended and a message queued from any thread goes out as soon as the thread wakes. One thread
+// (`IOLoop`) serves every connection of the process: a bridge with a connection per peripheral would otherwise
+// have a thread per peripheral.
 internal import CDBus
+import Dispatch
 import Synchronization
 
 #if canImport(Glibc)
@@ -148,8 +151,9 @@ final class ConnectionCore: @unchecked Sendable {
     // I/O-thread-only state.
     private var watches: [Watch] = []
     private var timeouts: [Timeout] = []
-    private var thread: pthread_t = pthread_t()
     private var deferredUnrefs: [OpaquePointer] = []
+    /// Signalled once the I/O thread has closed and released the connection.
+    private let exited = DispatchSemaphore(value: 0)
 
     init(connection: OpaquePointer) throws(DBusError) {
         self.connection = connection
@@ -174,20 +178,7 @@ final class ConnectionCore: @unchecked Sendable {
     // MARK: thread lifecycle
 
     func start() throws(DBusError) {
-        let context = Unmanaged.passRetained(self).toOpaque()
-        var tid = pthread_t()
-        let rc = pthread_create(
-            &tid, nil,
-            { raw in
-                let core = Unmanaged<ConnectionCore>.fromOpaque(raw!).takeRetainedValue()
-                core.run()
-                return nil
-            }, context)
-        guard rc == 0 else {
-            Unmanaged<ConnectionCore>.fromOpaque(context).release()
-            throw DBusError(name: DBusError.failed, message: "could not start the D-Bus I/O thread: error \(rc)")
-        }
-        thread = tid
+        let tid = try IOLoop.shared.add(self)
         shared.withLock { $0.ioThread = tid }
     }
 
@@ -196,7 +187,8 @@ final class ConnectionCore: @unchecked Sendable {
         return pthread_equal(tid, pthread_self()) != 0
     }
 
-    /// Stops the thread, closes the connection and joins (unless called on the I/O thread itself).
+    /// Stops the connection's I/O, closes the connection and waits until that is done (unless called on the I/O
+    /// thread itself, which cannot wait for itself).
     func shutdown() {
         let (mustJoin, tid): (Bool, pthread_t?) = shared.withLock { s in
             if !s.stopping {
@@ -209,11 +201,8 @@ final class ConnectionCore: @unchecked Sendable {
             return (true, s.ioThread)
         }
         guard mustJoin, let tid else { return }
-        if pthread_equal(tid, pthread_self()) != 0 {
-            pthread_detach(tid)
-        } else {
-            pthread_join(tid, nil)
-        }
+        if pthread_equal(tid, pthread_self()) != 0 { return }
+        exited.wait()
     }
 
     private func wake() {
@@ -385,7 +374,8 @@ final class ConnectionCore: @unchecked Sendable {
 
     // MARK: the I/O thread
 
-    private func run() {
+    /// Hands libdbus the callbacks that route its watches, timeouts and messages here; on the I/O thread.
+    fileprivate func setUp() {
         let context = Unmanaged.passUnretained(self).toOpaque()
         dbus_connection_set_watch_functions(
             connection,
@@ -435,22 +425,45 @@ final class ConnectionCore: @unchecked Sendable {
                 guard let message, let data else { return DBUS_HANDLER_RESULT_NOT_YET_HANDLED }
                 return Unmanaged<ConnectionCore>.fromOpaque(data).takeUnretainedValue().filter(message)
             }, context, nil)
-
-        var stop = false
-        while !stop {
-            stop = drainQueue()
-            if stop { break }
-            dispatchAll()
-            if flushClientsIfIdle() { continue }
-            let sleep = shared.withLock { s -> Bool in
-                guard s.queue.isEmpty, !s.idleFlushRequested else { return false }
-                s.sleeping = true
-                return true
-            }
-            if sleep { pollOnce() }
-        }
-        finishShutdown()
     }
+
+    /// What one round of a connection's I/O work left.
+    enum StepResult {
+        /// The connection was asked to stop: `finishShutdown()` is next.
+        case stopped
+        /// More work was queued meanwhile: go round again before sleeping.
+        case busy
+        /// Nothing to do until a descriptor, a timeout or the wake-up socket says so.
+        case idle
+    }
+
+    /// Runs queued work, dispatches what arrived and flushes held-back messages; on the I/O thread.
+    fileprivate func step() -> StepResult {
+        if drainQueue() { return .stopped }
+        dispatchAll()
+        if flushClientsIfIdle() { return .busy }
+        return .idle
+    }
+
+    /// Marks the connection asleep unless work is queued; false when it must not sleep.
+    fileprivate func prepareSleep() -> Bool {
+        shared.withLock { s -> Bool in
+            guard s.queue.isEmpty, !s.idleFlushRequested else { return false }
+            s.sleeping = true
+            return true
+        }
+    }
+
+    /// The connection is awake again (its queue is looked at next).
+    fileprivate func wokeUp() {
+        shared.withLock { s in
+            s.sleeping = false
+            s.wakePending = false
+        }
+    }
+
+    /// Done closing: whoever waits in `shutdown()` may go on.
+    fileprivate func markExited() { exited.signal() }
 
     /// Runs queued work; returns true when asked to stop.
     private func drainQueue() -> Bool {
@@ -572,15 +585,17 @@ final class ConnectionCore: @unchecked Sendable {
         }
     }
 
-    private static func now() -> Int64 {
+    fileprivate static func now() -> Int64 {
         var ts = timespec()
         clock_gettime(CLOCK_MONOTONIC, &ts)
         return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
     }
 
-    private func pollOnce() {
-        var fds: [pollfd] = [pollfd(fd: wakeFD, events: Int16(POLLIN), revents: 0)]
-        var owners: [OpaquePointer?] = [nil]
+    /// Appends the descriptors to poll (the wake-up socket, then the enabled watches) and returns the watch of each
+    /// appended descriptor after the first.
+    fileprivate func appendPollDescriptors(_ fds: inout [pollfd]) -> [OpaquePointer] {
+        fds.append(pollfd(fd: wakeFD, events: Int16(POLLIN), revents: 0))
+        var owners: [OpaquePointer] = []
         for watch in watches where watch.enabled {
             var events: Int16 = 0
             if watch.flags & DBUS_WATCH_READABLE.rawValue != 0 { events |= Int16(POLLIN) }
@@ -588,28 +603,33 @@ final class ConnectionCore: @unchecked Sendable {
             fds.append(pollfd(fd: watch.fd, events: events, revents: 0))
             owners.append(watch.pointer)
         }
+        return owners
+    }
+
+    /// Milliseconds until the next enabled libdbus timeout is due (-1: none).
+    fileprivate func pollTimeout(now: Int64) -> Int32 {
         var timeoutMs: Int32 = -1
-        let now = ConnectionCore.now()
         for timeout in timeouts where timeout.enabled {
             let remaining = max(0, timeout.deadline - now)
             if timeoutMs < 0 || remaining < Int64(timeoutMs) { timeoutMs = Int32(min(remaining, Int64(Int32.max))) }
         }
-        let rc = poll(&fds, nfds_t(fds.count), timeoutMs)
-        shared.withLock { s in
-            s.sleeping = false
-            s.wakePending = false
-        }
-        if rc < 0 && errno != EINTR { return }
-        if fds[0].revents != 0 {
+        return timeoutMs
+    }
+
+    /// Handles what poll reported for this connection's descriptors (`fds`: the wake-up socket, then one per
+    /// `owners` entry) and runs the timeouts that are due. `failed`: poll itself failed (only the flags are reset).
+    fileprivate func handlePoll(_ fds: ArraySlice<pollfd>, owners: [OpaquePointer], failed: Bool) {
+        wokeUp()
+        if failed { return }
+        let first = fds.startIndex
+        if fds[first].revents != 0 {
             var buffer = [UInt8](repeating: 0, count: 256)
             while Glibc.read(wakeFD, &buffer, buffer.count) == buffer.count {}
         }
-        for index in 1..<fds.count where fds[index].revents != 0 {
-            guard let pointer = owners[index], watches.contains(where: { $0.pointer == pointer && $0.enabled }) else {
-                continue
-            }
+        for (offset, pointer) in owners.enumerated() {
+            let revents = Int32(fds[first + 1 + offset].revents)
+            guard revents != 0, watches.contains(where: { $0.pointer == pointer && $0.enabled }) else { continue }
             var flags: UInt32 = 0
-            let revents = Int32(fds[index].revents)
             if revents & Int32(POLLIN) != 0 { flags |= DBUS_WATCH_READABLE.rawValue }
             if revents & Int32(POLLOUT) != 0 { flags |= DBUS_WATCH_WRITABLE.rawValue }
             if revents & Int32(POLLERR) != 0 { flags |= DBUS_WATCH_ERROR.rawValue }
@@ -627,15 +647,17 @@ final class ConnectionCore: @unchecked Sendable {
         }
     }
 
-    private func finishShutdown() {
-        // Write out what is still queued, but never hang on a stuck bus: at most about a second.
-        var rounds = 0
-        while rounds < 20, dbus_connection_get_is_connected(connection) != 0,
-            dbus_connection_has_messages_to_send(connection) != 0
-        {
-            _ = dbus_connection_read_write(connection, 50)
-            rounds += 1
-        }
+    /// While stopping: until when the loop goes on polling this connection so that what is still queued gets
+    /// written (never hanging on a stuck bus, and never holding up the other connections meanwhile).
+    fileprivate var flushDeadline: Int64?
+
+    /// True once nothing more can or needs to be written before closing.
+    fileprivate var isFlushed: Bool {
+        dbus_connection_get_is_connected(connection) == 0 || dbus_connection_has_messages_to_send(connection) == 0
+    }
+
+    /// Closes the connection (after the loop flushed what it could, see `flushDeadline`) and fails what is left.
+    fileprivate func finishShutdown() {
         dbus_connection_close(connection)
         dispatchAll()
         markDisconnected()
@@ -765,4 +787,165 @@ final class CallContext {
         self.pending = pending
         self.core = core
     }
+}
+
+/// The one I/O thread of the process: it runs every connection's queued work, dispatch and flushes, then sleeps
+/// in a single poll over all their descriptors. Connections join with `add` and leave when they stop.
+final class IOLoop: Sendable {
+    /// The loop every connection uses; its thread starts with the first connection.
+    static let shared = IOLoop()
+
+    private struct State {
+        var adding: [ConnectionCore] = []
+        var thread: pthread_t?
+        var wakeRead: Int32 = -1
+        var wakeWrite: Int32 = -1
+    }
+    private let state = Mutex(State())
+
+    private init() {}
+
+    /// Adds a connection (its libdbus callbacks are set on the I/O thread, before anything else runs for it).
+    /// Returns the I/O thread.
+    /// - Throws: `DBusError` when the thread or its wake-up socket cannot be created.
+    func add(_ core: ConnectionCore) throws(DBusError) -> pthread_t {
+        let result = state.withLock { s -> Result<(pthread_t, Int32), DBusError> in
+            if s.thread == nil {
+                if let error = Self.startThread(&s, self) { return .failure(error) }
+            }
+            guard let thread = s.thread else {
+                return .failure(DBusError(name: DBusError.failed, message: "could not start the D-Bus I/O thread"))
+            }
+            s.adding.append(core)
+            return .success((thread, s.wakeWrite))
+        }
+        switch result {
+        case .failure(let error): throw error
+        case .success(let (thread, wake)):
+            var one: UInt8 = 1
+            _ = Glibc.write(wake, &one, 1)
+            return thread
+        }
+    }
+
+    private static func startThread(_ s: inout State, _ loop: IOLoop) -> DBusError? {
+        var fds: [Int32] = [-1, -1]
+        let type = Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue)
+        guard socketpair(AF_UNIX, type, 0, &fds) == 0 else {
+            return DBusError(
+                name: DBusError.failed,
+                message: "cannot create the D-Bus I/O thread's wake-up pipe: \(String(cString: strerror(errno)))")
+        }
+        var attributes = pthread_attr_t()
+        pthread_attr_init(&attributes)
+        pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
+        defer { pthread_attr_destroy(&attributes) }
+        let context = Unmanaged.passRetained(loop).toOpaque()
+        var tid = pthread_t()
+        let rc = pthread_create(
+            &tid, &attributes,
+            { raw in
+                guard let raw else { return nil }
+                Unmanaged<IOLoop>.fromOpaque(raw).takeRetainedValue().run()
+                return nil
+            }, context)
+        guard rc == 0 else {
+            Unmanaged<IOLoop>.fromOpaque(context).release()
+            Glibc.close(fds[0])
+            Glibc.close(fds[1])
+            return DBusError(name: DBusError.failed, message: "could not start the D-Bus I/O thread: error \(rc)")
+        }
+        s.thread = tid
+        s.wakeRead = fds[0]
+        s.wakeWrite = fds[1]
+        return nil
+    }
+
+    /// The thread: runs for the life of the process.
+    private func run() {
+        nameCurrentThread("dbus-io")
+        let wakeRead = state.withLock { $0.wakeRead }
+        var cores: [ConnectionCore] = []
+        while true {
+            let added = state.withLock { s -> [ConnectionCore] in
+                defer { s.adding = [] }
+                return s.adding
+            }
+            for core in added {
+                core.setUp()
+                cores.append(core)
+            }
+            var busy = false
+            var index = 0
+            while index < cores.count {
+                let core = cores[index]
+                if let deadline = core.flushDeadline {
+                    // Stopping: close once written out, or after at most about a second.
+                    if core.isFlushed || ConnectionCore.now() >= deadline {
+                        cores.remove(at: index)
+                        core.finishShutdown()
+                        core.markExited()
+                        continue
+                    }
+                    index += 1
+                    continue
+                }
+                switch core.step() {
+                case .stopped:
+                    // Looked at again right away: most connections have nothing left to write.
+                    core.flushDeadline = ConnectionCore.now() + 1000
+                    continue
+                case .busy:
+                    busy = true
+                case .idle:
+                    break
+                }
+                index += 1
+            }
+            if busy { continue }
+            var asleep = true
+            for core in cores where core.flushDeadline == nil && !core.prepareSleep() { asleep = false }
+            if !asleep {
+                for core in cores { core.wokeUp() }
+                continue
+            }
+            // One poll over everything: the loop's own wake-up socket (a connection was added), then each
+            // connection's wake-up socket and watches.
+            var fds: [pollfd] = [pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0)]
+            var spans: [(start: Int, owners: [OpaquePointer])] = []
+            spans.reserveCapacity(cores.count)
+            var timeoutMs: Int32 = -1
+            let now = ConnectionCore.now()
+            for core in cores {
+                let start = fds.count
+                spans.append((start, core.appendPollDescriptors(&fds)))
+                var t = core.pollTimeout(now: now)
+                if let deadline = core.flushDeadline {
+                    let remaining = Int32(min(max(0, deadline - now), 1000))
+                    t = t < 0 ? remaining : min(t, remaining)
+                }
+                if t >= 0, timeoutMs < 0 || t < timeoutMs { timeoutMs = t }
+            }
+            let rc = poll(&fds, nfds_t(fds.count), timeoutMs)
+            let failed = rc < 0 && errno != EINTR
+            if !failed, fds[0].revents != 0 {
+                var buffer = [UInt8](repeating: 0, count: 256)
+                while Glibc.read(wakeRead, &buffer, buffer.count) == buffer.count {}
+            }
+            for (core, span) in zip(cores, spans) {
+                core.handlePoll(
+                    fds[span.start..<(span.start + 1 + span.owners.count)], owners: span.owners, failed: failed)
+            }
+        }
+    }
+}
+
+/// Names the calling thread (as shown in /proc and by ps/top; at most 15 bytes). Glibc declares
+/// pthread_setname_np only under _GNU_SOURCE, so the name is written where it lives.
+private func nameCurrentThread(_ name: String) {
+    let fd = Glibc.open("/proc/thread-self/comm", O_WRONLY | O_CLOEXEC)
+    guard fd >= 0 else { return }
+    defer { Glibc.close(fd) }
+    let bytes = Array(name.utf8.prefix(15))
+    _ = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
 }

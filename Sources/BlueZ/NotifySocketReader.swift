@@ -1,0 +1,138 @@
+// One thread that reads every AcquireNotify socket: a poll(2) loop that calls each socket's handler when it is
+// readable. A dispatch read source per socket costs two thread wake-ups per notification (libdispatch's manager
+// thread sees the event, then a worker runs the handler); here the reading thread is the one the kernel wakes.
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Reads notification sockets on a thread of its own.
+///
+/// `add` registers a socket and the handler to run (on the reader thread) each time it is readable; `remove`
+/// unregisters it and closes it, on the reader thread between two handler runs, so a handler never sees its
+/// socket closed under it. Handlers run one at a time and must not block.
+final class NotifySocketReader: Sendable {
+    /// The reader every notification session uses; its thread starts with the first socket.
+    static let shared = NotifySocketReader()
+
+    private struct State {
+        var handlers: [Int32: @Sendable () -> Void] = [:]
+        var closing: [Int32] = []
+        /// Bumped by every registration change: the reader rebuilds its poll set when it moved.
+        var generation = 0
+        var wakeRead: Int32 = -1
+        var wakeWrite: Int32 = -1
+        var started = false
+    }
+    private let state = Mutex(State())
+
+    private init() {}
+
+    /// Registers `fd` (non-blocking) and its handler. Returns false when the reader cannot take it (no thread or
+    /// wake-up socket to be had); the caller then reads the socket another way.
+    func add(_ fd: Int32, handler: @escaping @Sendable () -> Void) -> Bool {
+        let wake = state.withLock { s -> Int32? in
+            guard Self.startIfNeeded(&s, self) else { return nil }
+            s.handlers[fd] = handler
+            s.generation &+= 1
+            return s.wakeWrite
+        }
+        guard let wake else { return false }
+        Self.poke(wake)
+        return true
+    }
+
+    /// Stops calling `fd`'s handler and closes `fd` (on the reader thread). Idempotent per registration.
+    func remove(_ fd: Int32) {
+        let wake = state.withLock { s -> Int32? in
+            guard s.handlers.removeValue(forKey: fd) != nil else { return nil }
+            s.closing.append(fd)
+            s.generation &+= 1
+            return s.wakeWrite
+        }
+        if let wake { Self.poke(wake) }
+    }
+
+    private static func poke(_ fd: Int32) {
+        var one: UInt8 = 1
+        _ = write(fd, &one, 1)
+    }
+
+    /// Creates the wake-up socket pair and the thread, once.
+    private static func startIfNeeded(_ s: inout State, _ reader: NotifySocketReader) -> Bool {
+        if s.started { return true }
+        var fds: [Int32] = [-1, -1]
+        let type = Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue)
+        guard socketpair(AF_UNIX, type, 0, &fds) == 0 else { return false }
+        var attributes = pthread_attr_t()
+        pthread_attr_init(&attributes)
+        pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
+        defer { pthread_attr_destroy(&attributes) }
+        var thread = pthread_t()
+        let context = Unmanaged.passRetained(reader).toOpaque()
+        let rc = pthread_create(
+            &thread, &attributes,
+            { raw in
+                guard let raw else { return nil }
+                Unmanaged<NotifySocketReader>.fromOpaque(raw).takeRetainedValue().run()
+                return nil
+            }, context)
+        guard rc == 0 else {
+            Unmanaged<NotifySocketReader>.fromOpaque(context).release()
+            close(fds[0])
+            close(fds[1])
+            return false
+        }
+        s.wakeRead = fds[0]
+        s.wakeWrite = fds[1]
+        s.started = true
+        return true
+    }
+
+    /// The reader thread: waits for readable sockets, runs their handlers, closes removed sockets. Runs for the
+    /// life of the process (the shared reader is never freed).
+    private func run() {
+        nameCurrentThread("bluez-notify")
+        let wakeRead = state.withLock { $0.wakeRead }
+        var fds: [pollfd] = []
+        var generation = -1
+        var buffer = [UInt8](repeating: 0, count: 256)
+        while true {
+            // Removed sockets are closed here, between handler runs, and the poll set follows the registrations.
+            let (closing, current, registered) = state.withLock { s -> ([Int32], Int, [Int32]?) in
+                defer { s.closing = [] }
+                return (s.closing, s.generation, s.generation == generation ? nil : Array(s.handlers.keys))
+            }
+            for fd in closing { close(fd) }
+            if let registered {
+                fds = [pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0)]
+                for fd in registered { fds.append(pollfd(fd: fd, events: Int16(POLLIN), revents: 0)) }
+                generation = current
+            }
+            let n = poll(&fds, nfds_t(fds.count), -1)
+            if n < 0 {
+                if errno == EINTR { continue }
+                // Not expected with valid descriptors; do not spin.
+                usleep(10_000)
+                continue
+            }
+            if fds[0].revents != 0 {
+                while read(wakeRead, &buffer, buffer.count) == buffer.count {}
+            }
+            for index in 1..<fds.count where fds[index].revents != 0 {
+                if let handler = state.withLock({ $0.handlers[fds[index].fd] }) { handler() }
+            }
+        }
+    }
+}
+
+/// Names the calling thread (as shown in /proc and by ps/top; at most 15 bytes). Glibc declares
+/// pthread_setname_np only under _GNU_SOURCE, so the name is written where it lives.
+private func nameCurrentThread(_ name: String) {
+    let fd = open("/proc/thread-self/comm", O_WRONLY | O_CLOEXEC)
+    guard fd >= 0 else { return }
+    defer { close(fd) }
+    let bytes = Array(name.utf8.prefix(15))
+    _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+}

@@ -1,0 +1,57 @@
+// The hot path's JSON writer gives exactly the text of the general one (JSONValue.write, iso8601).
+import GATT
+import Testing
+
+@testable import BridgeCore
+
+@Suite struct HotPathJSONTests {
+    @Test func timestampsMatchISO8601() {
+        let samples: [Double] = [
+            0, 1_796_083_200.25, 951_825_600, 1_709_164_800.5, -0.5, -62_135_596_800, -70_000_000_000,
+            253_402_300_799.999,
+            999_999_999_999, .nan, .infinity, -.infinity, 1e13, 0.0005, 59.9999,
+        ]
+        for seconds in samples {
+            var out: [UInt8] = []
+            appendISO8601JSON(seconds, to: &out)
+            #expect(String(decoding: out, as: UTF8.self) == "\"\(iso8601(seconds))\"", "\(seconds)")
+        }
+    }
+
+    @Test func decimalsMatchStringInit() {
+        for value: Int64 in [0, 7, -7, 10, 99, 100, -100, 1_234_567_890, .max, .min, .min + 1] {
+            var out: [UInt8] = []
+            appendDecimal(value, to: &out)
+            #expect(String(decoding: out, as: UTF8.self) == String(value))
+        }
+    }
+
+    @Test func compactValuesMatchTheGeneralWriter() {
+        let value = JSONValue.object([
+            ("a", .null), ("b", .bool(true)), ("c", .bool(false)), ("d", .int(-42)), ("e", .double(36.4)),
+            ("f", .string("quote \" and \\ and \n")), ("g", .array([.int(1), .double(1e-7), .array([])])),
+            ("h", .object([])), ("ü", .object([("x", .int(Int64.min))])),
+        ])
+        var fast: [UInt8] = []
+        value.appendCompact(to: &fast)
+        #expect(fast == value.bytes)
+    }
+
+    @Test func stateJSONMatchesTheObjectItStandsFor() {
+        let config = DeviceConfig(
+            id: "d", friendlyName: nil, match: DeviceMatch(address: nil), mode: .passive, subscribe: [], poll: [],
+            pollInterval: .seconds(300), writable: [], debounce: nil, throttle: nil, retain: nil, qos: -1,
+            output: .json, bindKey: nil, availabilityTimeout: nil, index: -1)
+        let record = DeviceRecord(id: "d", config: config, address: nil)
+        #expect(record.stateJSON() == JSONValue.object([]).bytes)
+        record.merge(
+            GATTReading([GATTField("temperature", .double(21.5)), GATTField("count", .int(3))]), now: .seconds(1),
+            wall: 1_796_083_200.25)
+        record.data.withLock { $0.rssi = -61 }
+        let expected = JSONValue.object([
+            ("temperature", .double(21.5)), ("count", .int(3)), ("rssi", .int(-61)),
+            ("last_seen", .string(iso8601(1_796_083_200.25))),
+        ])
+        #expect(record.stateJSON() == expected.bytes)
+    }
+}

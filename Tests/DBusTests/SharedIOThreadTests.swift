@@ -1,0 +1,43 @@
+// Every connection of the process shares one I/O thread (IOLoop): one connection's trouble must not hold up the
+// others.
+import DBus
+import Foundation
+import Synchronization
+import TestSupport
+import Testing
+
+@Suite struct SharedIOThreadTests {
+    @Test(.timeLimit(.minutes(1))) func closingAConnectionToAStuckBusDoesNotStallTheOthers() async throws {
+        let stuck = try await BusFixture()
+        let healthy = try await BusFixture()
+        let doomed = try stuck.connect()
+        let live = try healthy.connect()
+        stuck.bus.daemon.signal(SIGSTOP)
+        defer { stuck.bus.daemon.signal(SIGCONT) }
+        // More than the socket takes, so that libdbus still holds some of it when the close begins: the close then
+        // waits (up to about a second) for the bus to take the rest.
+        let big = DBusMessage.signal(
+            path: "/t", interface: "org.example.T", name: "Big", body: [.string(String(repeating: "x", count: 1 << 20))]
+        )
+        for _ in 0..<4 { try doomed.send(big) }
+        let closed = Atomic<Bool>(false)
+        let closing = Task.detached {
+            await doomed.closeAndWait()
+            closed.store(true, ordering: .sequentiallyConsistent)
+        }
+        var callsWhileClosing = 0
+        while !closed.load(ordering: .sequentiallyConsistent) {
+            let start = ContinuousClock.now
+            _ = try await live.call(
+                destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
+                method: "ListNames")
+            let took = ContinuousClock.now - start
+            #expect(took < .milliseconds(500), "a call on the healthy bus took \(took) while the other closed")
+            if !closed.load(ordering: .sequentiallyConsistent) { callsWhileClosing += 1 }
+        }
+        await closing.value
+        #expect(callsWhileClosing > 0, "the close was over before any call could overlap it")
+        #expect(!doomed.isConnected)
+        await live.closeAndWait()
+    }
+}
