@@ -99,8 +99,8 @@ def main():
         "logging": {"level": "warning"},
         "bluetooth": {"connection_slots": 32},
         "parsers": [
-            {"name": "bench_seq", "uuid": CHARACTERISTIC, "fields": [{"name": "seq", "type": "u32le"}]},
-            {"name": "bench_probe", "uuid": PROBE, "fields": [{"name": "probe_us", "type": "u32le"}]},
+            {"name": "bench_seq", "uuid": CHARACTERISTIC, "fields": [{"name": "seq", "type": "u32le", "offset": 0}]},
+            {"name": "bench_probe", "uuid": PROBE, "fields": [{"name": "probe_us", "type": "u32le", "offset": 0}]},
         ],
         "devices": devices,
     }

@@ -37,7 +37,8 @@ public final class MQTTBrokerTransport: MQTTTransport {
             broker: broker, clientID: m.clientID ?? defaultClientID,
             protocolVersion: m.protocolVersion == "5" ? .v5 : .v311, keepAlive: m.keepAlive, credentials: credentials,
             tls: tls, will: will,
-            reconnect: MQTTReconnectPolicy(initialDelay: m.reconnectInitialDelay, maximumDelay: m.reconnectMaximumDelay),
+            reconnect: MQTTReconnectPolicy(
+                initialDelay: m.reconnectInitialDelay, maximumDelay: m.reconnectMaximumDelay),
             offlineQueueCapacity: max(1, m.offlineQueue), maxInflightMessages: m.maxInflight,
             receiveBufferCapacity: m.receiveBuffer)
         configuration.cleanSession = m.cleanSession
@@ -137,7 +138,8 @@ public final class MQTTBrokerTransport: MQTTTransport {
                     switch s {
                     case .connected: continuation.yield(.connected)
                     case .idle, .connecting: continuation.yield(.connecting)
-                    case .waitingToReconnect(_, _, let error): continuation.yield(.disconnected(reason: error.description))
+                    case .waitingToReconnect(_, _, let error):
+                        continuation.yield(.disconnected(reason: error.description))
                     case .stopped: continuation.yield(.disconnected(reason: "stopped"))
                     }
                 }

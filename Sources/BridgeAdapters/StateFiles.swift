@@ -144,8 +144,11 @@ public final class DiskQueuedTransport: MQTTTransport {
                         var qos = 1
                         if case .int(let q)? = v["qos"] { qos = Int(clamping: q) }
                         entries.append(
-                            (UInt64(clamping: n),
-                             BridgeOutgoingMessage(topic: topic, payload: payload, qos: qos, retain: v["retain"] == .bool(true))))
+                            (
+                                UInt64(clamping: n),
+                                BridgeOutgoingMessage(
+                                    topic: topic, payload: payload, qos: qos, retain: v["retain"] == .bool(true))
+                            ))
                     }
                 }
             }
@@ -156,13 +159,16 @@ public final class DiskQueuedTransport: MQTTTransport {
         let fd = open(path + ".new", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         state.withLock { $0.fd = fd }
         if fd < 0 {
-            logger.error("cannot open the MQTT journal \(path): \(String(cString: strerror(errno))); QoS 1 messages are kept in memory only")
+            logger.error(
+                "cannot open the MQTT journal \(path): \(String(cString: strerror(errno))); QoS 1 messages are kept in memory only"
+            )
         } else {
             rename(path + ".new", path)
         }
         for (_, message) in unsent { try? publish(message) }
         if !unsent.isEmpty {
-            logger.info("sending \(unsent.count) QoS 1 message\(unsent.count == 1 ? "" : "s") the last run could not deliver")
+            logger.info(
+                "sending \(unsent.count) QoS 1 message\(unsent.count == 1 ? "" : "s") the last run could not deliver")
         }
     }
 

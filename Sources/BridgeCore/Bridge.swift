@@ -103,7 +103,8 @@ public final class Bridge: Sendable {
         var handlers: [any LogHandler] = [forward]
         if let inner = logger.handler {
             let level = logger.level
-            handlers.insert(ClosureLogHandler(minimum: level) { inner.log(level: $0, message: $1, metadata: $2) }, at: 0)
+            handlers.insert(
+                ClosureLogHandler(minimum: level) { inner.log(level: $0, message: $1, metadata: $2) }, at: 0)
         }
         copy.handler = FanOutLogHandler(handlers)
         copy.level = min(logger.level, minimum)
@@ -219,7 +220,8 @@ public final class Bridge: Sendable {
             // Wait for cancellation of the bridge's task.
             await withTaskCancellationHandler {
                 await waitForever()
-            } onCancel: {}
+            } onCancel: {
+            }
             log.info("shutting down")
             group.cancelAll()
         }
@@ -299,14 +301,16 @@ public final class Bridge: Sendable {
         do {
             try await central.startScanning(request)
             let names = central.adapters().filter { a in
-                a.powered && (request.adapters.isEmpty || request.adapters.contains(a.name)
-                    || request.adapters.contains(a.address.uppercased()))
+                a.powered
+                    && (request.adapters.isEmpty || request.adapters.contains(a.name)
+                        || request.adapters.contains(a.address.uppercased()))
             }.map(\.name)
             engine.withLock { $0.scanning = Set(names) }
             logger.info(
                 "scanning"
                     + (request.serviceUUIDs.isEmpty
-                        ? " for every advertiser" : " for \(request.serviceUUIDs.map(\.description).joined(separator: ", "))")
+                        ? " for every advertiser"
+                        : " for \(request.serviceUUIDs.map(\.description).joined(separator: ", "))")
                     + (request.passive ? " (passive)" : ""))
         } catch {
             logger.error("cannot scan: \(error.message); retrying when the adapter comes back")
@@ -397,7 +401,8 @@ public final class Bridge: Sendable {
             return (changed, d.online)
         }
         if appeared {
-            logger.info("appeared: \(adv.address)\(adv.name.map { " \"\($0)\"" } ?? "") on \(adv.adapter)", ["device": r.id])
+            logger.info(
+                "appeared: \(adv.address)\(adv.name.map { " \"\($0)\"" } ?? "") on \(adv.adapter)", ["device": r.id])
             publishEvent("appeared", r)
         }
         // Advertisement data is decoded for every device: passive ones live on it, others may carry a battery level.
@@ -558,7 +563,8 @@ public final class Bridge: Sendable {
     func publish(_ topic: String, _ payload: [UInt8], qos: Int, retain: Bool, correlation: [UInt8]? = nil) {
         do {
             try mqtt.publish(
-                BridgeOutgoingMessage(topic: topic, payload: payload, qos: qos, retain: retain, correlationData: correlation))
+                BridgeOutgoingMessage(
+                    topic: topic, payload: payload, qos: qos, retain: retain, correlationData: correlation))
         } catch {
             logger.warning("cannot publish to \(topic): \(error)")
         }

@@ -146,9 +146,10 @@ extension Bridge {
         }
     }
 
-    func answer(_ command: BridgeTopics.Command, _ message: BridgeIncomingMessage, transaction: JSONValue?,
-        _ outcome: CommandOutcome)
-    {
+    func answer(
+        _ command: BridgeTopics.Command, _ message: BridgeIncomingMessage, transaction: JSONValue?,
+        _ outcome: CommandOutcome
+    ) {
         var body: [(String, JSONValue)] = [("status", .string(outcome.ok ? "ok" : "error"))]
         body.append(("data", .object(outcome.data)))
         if let e = outcome.error { body.append(("error", .string(e))) }
@@ -206,7 +207,9 @@ extension Bridge {
             do {
                 let json = try JSONReader.parse(message.payload)
                 guard case .object(let fields) = json else {
-                    answer(command, message, transaction: nil, .failure("payload must be a JSON object, like {\"name\": value}"))
+                    answer(
+                        command, message, transaction: nil,
+                        .failure("payload must be a JSON object, like {\"name\": value}"))
                     return
                 }
                 for (k, v) in fields {
@@ -240,7 +243,8 @@ extension Bridge {
                 let allowed = r.config.writable.map(\.name)
                 return .failure(
                     "'\(name)' is not writable on \(r.id)"
-                        + (allowed.isEmpty ? " (it has no writable values)" : " (writable: \(allowed.joined(separator: ", ")))"))
+                        + (allowed.isEmpty
+                            ? " (it has no writable values)" : " (writable: \(allowed.joined(separator: ", ")))"))
             }
             if let problem = check(value, against: spec) { return .failure("\(name): \(problem)") }
             grouped[spec.characteristic, default: []].append((name, value))
@@ -262,7 +266,8 @@ extension Bridge {
                 do {
                     writes.append((spec, try parser.encode(reading)))
                 } catch {
-                    return .failure("cannot encode \(items.map(\.0).joined(separator: ", ")) with \(parser.name): \(error)")
+                    return .failure(
+                        "cannot encode \(items.map(\.0).joined(separator: ", ")) with \(parser.name): \(error)")
                 }
             } else {
                 guard let text = items.first?.1.string, let bytes = bytesFromHex(text) else {
@@ -281,7 +286,8 @@ extension Bridge {
                 do throws(BLEError) {
                     try await link.write(c, bytes, withResponse: withResponse)
                 } catch {
-                    return .failure("write \(spec.name) to \(spec.characteristic): \(error.errorName): \(error.message)")
+                    return .failure(
+                        "write \(spec.name) to \(spec.characteristic): \(error.errorName): \(error.message)")
                 }
             }
             return .success(values)
@@ -294,9 +300,13 @@ extension Bridge {
                     let written = try? parser.decode(bytes, context: GATTDecodeContext())
                 {
                     let names = Set(values.map(\.0))
-                    r.merge(GATTReading(written.fields.filter { names.contains($0.name) }), now: clock.now, wall: clock.wallClock)
+                    r.merge(
+                        GATTReading(written.fields.filter { names.contains($0.name) }), now: clock.now,
+                        wall: clock.wallClock)
                 } else {
-                    r.merge(GATTReading([GATTField(spec.name, .string(hexString(bytes)))]), now: clock.now, wall: clock.wallClock)
+                    r.merge(
+                        GATTReading([GATTField(spec.name, .string(hexString(bytes)))]), now: clock.now,
+                        wall: clock.wallClock)
                 }
             }
             requestStatePublish(r)
@@ -375,7 +385,9 @@ extension Bridge {
             if !options.contains(text) { return "\(value.text) is not one of \(options.joined(separator: ", "))" }
         }
         if spec.minimum != nil || spec.maximum != nil {
-            guard let n = value.number ?? value.string.flatMap(Double.init) else { return "\(value.text) is not a number" }
+            guard let n = value.number ?? value.string.flatMap(Double.init) else {
+                return "\(value.text) is not a number"
+            }
             if let lo = spec.minimum, n < lo { return "\(n) is below the minimum \(lo)" }
             if let hi = spec.maximum, n > hi { return "\(n) is above the maximum \(hi)" }
         }

@@ -368,7 +368,11 @@ extension BridgeConfig {
             root.fail("the configuration must be a mapping with at least an 'mqtt' section")
             return config
         }
-        if let m = root["mqtt"] { config.mqtt = loadMQTT(m) } else { root.fail("missing 'mqtt' section (mqtt: {url: mqtt://127.0.0.1:1883})") }
+        if let m = root["mqtt"] {
+            config.mqtt = loadMQTT(m)
+        } else {
+            root.fail("missing 'mqtt' section (mqtt: {url: mqtt://127.0.0.1:1883})")
+        }
         if let h = root["homeassistant"] { config.homeAssistant = loadHomeAssistant(h) }
         if let b = root["bluetooth"] { config.bluetooth = loadBluetooth(b) }
         if let a = root["availability"] { config.availability = loadAvailability(a) }
@@ -379,7 +383,8 @@ extension BridgeConfig {
             if let l = m["listen"]?.string {
                 let parts = l.split(separator: ":", omittingEmptySubsequences: false)
                 if parts.count < 2 || Int(parts.last ?? "").map({ !(0...65535).contains($0) }) ?? true {
-                    m["listen"]?.fail("\"\(l)\" is not HOST:PORT (\"127.0.0.1:9464\", \"[::1]:9464\", \":9464\" for every address)")
+                    m["listen"]?.fail(
+                        "\"\(l)\" is not HOST:PORT (\"127.0.0.1:9464\", \"[::1]:9464\", \":9464\" for every address)")
                 } else {
                     config.metricsListen = l
                 }
@@ -734,7 +739,9 @@ extension BridgeConfig {
         if n.node.scalar != nil {
             name = n.string
         } else {
-            n.expectMapping(allowed: ["name", "characteristic", "with_response", "min", "max", "step", "options", "platform"])
+            n.expectMapping(allowed: [
+                "name", "characteristic", "with_response", "min", "max", "step", "options", "platform",
+            ])
             name = n["name"]?.string
             if let c = n["characteristic"]?.string {
                 if let p = registry.parser(named: c) {
@@ -785,7 +792,11 @@ extension BridgeConfig {
             if let field = parser.fields.first(where: { $0.name == name }),
                 n.node.mapping?.contains(where: { $0.key == "platform" || $0.key == "options" }) != true
             {
-                if field.kind == .boolean { spec.platform = "switch" } else if field.kind == .text { spec.platform = "text" }
+                if field.kind == .boolean {
+                    spec.platform = "switch"
+                } else if field.kind == .text {
+                    spec.platform = "text"
+                }
             }
         } else if let characteristic {
             spec.characteristic = characteristic

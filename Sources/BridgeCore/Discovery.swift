@@ -18,7 +18,16 @@ extension Bridge {
         return [
             ("version", .string(BridgeVersion.current)),
             ("gateway", .string(gatewayName)),
-            ("adapters", .array(adapters.map { .object([("name", .string($0.name)), ("address", .string($0.address)), ("powered", .bool($0.powered))]) })),
+            (
+                "adapters",
+                .array(
+                    adapters.map {
+                        .object([
+                            ("name", .string($0.name)), ("address", .string($0.address)),
+                            ("powered", .bool($0.powered)),
+                        ])
+                    })
+            ),
             ("config", configSummary(c)),
             ("requests", .array(Bridge.requestOperations.map(JSONValue.string))),
         ]
@@ -34,65 +43,99 @@ public enum EffectiveConfig {
     public static func json(_ c: BridgeConfig) -> JSONValue {
         guard case .object(var fields) = summary(c) else { return summary(c) }
         fields.removeAll { $0.0 == "devices" }
-        fields.append(("devices", .array(c.devices.map { d in
-            var o: [(String, JSONValue)] = [("id", .string(d.id)), ("name", d.friendlyName.map(JSONValue.string) ?? .null)]
-            var m: [(String, JSONValue)] = []
-            if let a = d.match.address { m.append(("address", .string(a.text))) }
-            if let s = d.match.service { m.append(("service", .string(s.description))) }
-            if let n = d.match.namePattern { m.append(("name", .string(n))) }
-            if let id = d.match.manufacturer { m.append(("manufacturer", .int(Int64(id)))) }
-            o.append(("match", .object(m)))
-            o.append(("mode", .string(d.mode.rawValue)))
-            o.append(("subscribe", .array(d.subscribe.map { .string($0.description) })))
-            o.append(("poll", .array(d.poll.map { .string($0.description) })))
-            if d.mode == .poll { o.append(("poll_interval", .double(d.pollInterval.seconds))) }
-            o.append(("writable", .array(d.writable.map { w in
-                .object([("name", .string(w.name)), ("characteristic", .string(w.characteristic.description)),
-                    ("parser", w.parserName.map(JSONValue.string) ?? .null), ("platform", .string(w.platform))])
-            })))
-            if let v = d.debounce { o.append(("debounce", .double(v.seconds))) }
-            if let v = d.throttle { o.append(("throttle", .double(v.seconds))) }
-            if let v = d.retain { o.append(("retain", .bool(v))) }
-            if d.qos >= 0 { o.append(("qos", .int(Int64(d.qos)))) }
-            if let v = d.availabilityTimeout { o.append(("availability_timeout", .double(v.seconds))) }
-            o.append(("output", .string(d.output.rawValue)))
-            if d.bindKey != nil { o.append(("bindkey", .string("***"))) }
-            return .object(o)
-        })))
+        fields.append(
+            (
+                "devices",
+                .array(
+                    c.devices.map { d in
+                        var o: [(String, JSONValue)] = [
+                            ("id", .string(d.id)), ("name", d.friendlyName.map(JSONValue.string) ?? .null),
+                        ]
+                        var m: [(String, JSONValue)] = []
+                        if let a = d.match.address { m.append(("address", .string(a.text))) }
+                        if let s = d.match.service { m.append(("service", .string(s.description))) }
+                        if let n = d.match.namePattern { m.append(("name", .string(n))) }
+                        if let id = d.match.manufacturer { m.append(("manufacturer", .int(Int64(id)))) }
+                        o.append(("match", .object(m)))
+                        o.append(("mode", .string(d.mode.rawValue)))
+                        o.append(("subscribe", .array(d.subscribe.map { .string($0.description) })))
+                        o.append(("poll", .array(d.poll.map { .string($0.description) })))
+                        if d.mode == .poll { o.append(("poll_interval", .double(d.pollInterval.seconds))) }
+                        o.append(
+                            (
+                                "writable",
+                                .array(
+                                    d.writable.map { w in
+                                        .object([
+                                            ("name", .string(w.name)),
+                                            ("characteristic", .string(w.characteristic.description)),
+                                            ("parser", w.parserName.map(JSONValue.string) ?? .null),
+                                            ("platform", .string(w.platform)),
+                                        ])
+                                    })
+                            ))
+                        if let v = d.debounce { o.append(("debounce", .double(v.seconds))) }
+                        if let v = d.throttle { o.append(("throttle", .double(v.seconds))) }
+                        if let v = d.retain { o.append(("retain", .bool(v))) }
+                        if d.qos >= 0 { o.append(("qos", .int(Int64(d.qos)))) }
+                        if let v = d.availabilityTimeout { o.append(("availability_timeout", .double(v.seconds))) }
+                        o.append(("output", .string(d.output.rawValue)))
+                        if d.bindKey != nil { o.append(("bindkey", .string("***"))) }
+                        return .object(o)
+                    })
+            ))
         return .object(fields)
     }
 
     /// The main settings, secrets masked.
     public static func summary(_ c: BridgeConfig) -> JSONValue {
         .object([
-            ("mqtt", .object([
-                ("url", .string(c.mqtt.url)), ("base_topic", .string(c.mqtt.baseTopic)),
-                ("protocol", .string(c.mqtt.protocolVersion)), ("qos", .int(Int64(c.mqtt.qos))),
-                ("username", c.mqtt.username.map(JSONValue.string) ?? .null),
-                ("password", c.mqtt.password == nil && c.mqtt.passwordFile == nil ? .null : .string("***")),
-            ])),
-            ("homeassistant", .object([("enabled", .bool(c.homeAssistant.enabled)), ("prefix", .string(c.homeAssistant.prefix))])),
-            ("bluetooth", .object([
-                ("adapters", .array(c.bluetooth.adapters.map(JSONValue.string))),
-                ("scan_services", .array(c.bluetooth.scanServices.map { .string($0.description) })),
-                ("scan_filter", .array(c.scanServiceUUIDs.map { .string($0.description) })),
-                ("passive", .bool(c.bluetooth.passive)), ("duplicate_data", .bool(c.bluetooth.duplicateData)),
-                ("connection_slots", .int(Int64(c.bluetooth.connectionSlots))),
-                ("connect_timeout", .double(c.bluetooth.connectTimeout.seconds)),
-                ("reconnect", .object([
-                    ("initial_delay", .double(c.bluetooth.reconnectInitialDelay.seconds)),
-                    ("max_delay", .double(c.bluetooth.reconnectMaximumDelay.seconds)),
-                ])),
-                ("silence_factor", .double(c.bluetooth.silenceFactor)),
-            ])),
-            ("availability", .object([
-                ("passive_timeout", .double(c.availability.passiveMinimumTimeout.seconds)),
-                ("passive_intervals", .double(c.availability.passiveIntervals)),
-            ])),
-            ("logging", .object([
-                ("level", .string(c.logging.level)), ("format", .string(c.logging.format)),
-                ("mqtt_level", .string(c.logging.mqttLevel)),
-            ])),
+            (
+                "mqtt",
+                .object([
+                    ("url", .string(c.mqtt.url)), ("base_topic", .string(c.mqtt.baseTopic)),
+                    ("protocol", .string(c.mqtt.protocolVersion)), ("qos", .int(Int64(c.mqtt.qos))),
+                    ("username", c.mqtt.username.map(JSONValue.string) ?? .null),
+                    ("password", c.mqtt.password == nil && c.mqtt.passwordFile == nil ? .null : .string("***")),
+                ])
+            ),
+            (
+                "homeassistant",
+                .object([("enabled", .bool(c.homeAssistant.enabled)), ("prefix", .string(c.homeAssistant.prefix))])
+            ),
+            (
+                "bluetooth",
+                .object([
+                    ("adapters", .array(c.bluetooth.adapters.map(JSONValue.string))),
+                    ("scan_services", .array(c.bluetooth.scanServices.map { .string($0.description) })),
+                    ("scan_filter", .array(c.scanServiceUUIDs.map { .string($0.description) })),
+                    ("passive", .bool(c.bluetooth.passive)), ("duplicate_data", .bool(c.bluetooth.duplicateData)),
+                    ("connection_slots", .int(Int64(c.bluetooth.connectionSlots))),
+                    ("connect_timeout", .double(c.bluetooth.connectTimeout.seconds)),
+                    (
+                        "reconnect",
+                        .object([
+                            ("initial_delay", .double(c.bluetooth.reconnectInitialDelay.seconds)),
+                            ("max_delay", .double(c.bluetooth.reconnectMaximumDelay.seconds)),
+                        ])
+                    ),
+                    ("silence_factor", .double(c.bluetooth.silenceFactor)),
+                ])
+            ),
+            (
+                "availability",
+                .object([
+                    ("passive_timeout", .double(c.availability.passiveMinimumTimeout.seconds)),
+                    ("passive_intervals", .double(c.availability.passiveIntervals)),
+                ])
+            ),
+            (
+                "logging",
+                .object([
+                    ("level", .string(c.logging.level)), ("format", .string(c.logging.format)),
+                    ("mqtt_level", .string(c.logging.mqttLevel)),
+                ])
+            ),
             ("health", .object([("interval", .double(c.healthInterval.seconds))])),
             ("allow_raw_gatt", .bool(c.allowRawGATT)),
             ("devices", .int(Int64(c.devices.count))),
@@ -109,42 +152,56 @@ extension Bridge {
 
     func devicesJSON() -> JSONValue {
         let registry = config.registry
-        return .array(records.map { r in
-            let d = r.data.withLock { $0 }
-            var f: [(String, JSONValue)] = [
-                ("id", .string(r.id)),
-                ("friendly_name", r.config.friendlyName.map(JSONValue.string) ?? .null),
-                ("address", d.address.map { .string($0.text) } ?? .null),
-                ("mode", .string(r.config.mode.rawValue)),
-                ("state", .string(d.session.rawValue)),
-                ("availability", d.online.map { .string($0 ? "online" : "offline") } ?? .null),
-                ("adapter", d.adapter.map(JSONValue.string) ?? .null),
-                ("rssi", d.rssi.map { .int(Int64($0)) } ?? .null),
-                ("last_seen", d.lastSeenWall.map { .string(iso8601($0)) } ?? .null),
-            ]
-            let services = Array(Set(d.characteristics.map(\.serviceUUID))).sorted()
-            f.append(("services", .array(services.map { .string($0.description) })))
-            f.append(("characteristics", .array(d.characteristics.map { c in
-                .object([
-                    ("uuid", .string(c.uuid.description)), ("service", .string(c.serviceUUID.description)),
-                    ("flags", .array(c.flags.sorted().map(JSONValue.string))),
-                    ("parser", registry.parser(for: c.uuid).map { .string($0.name) } ?? .null),
-                ])
-            })))
-            f.append(("writable", .array(r.config.writable.map { w in
-                var o: [(String, JSONValue)] = [
-                    ("name", .string(w.name)), ("characteristic", .string(w.characteristic.description)),
-                    ("parser", w.parserName.map(JSONValue.string) ?? .null), ("platform", .string(w.platform)),
+        return .array(
+            records.map { r in
+                let d = r.data.withLock { $0 }
+                var f: [(String, JSONValue)] = [
+                    ("id", .string(r.id)),
+                    ("friendly_name", r.config.friendlyName.map(JSONValue.string) ?? .null),
+                    ("address", d.address.map { .string($0.text) } ?? .null),
+                    ("mode", .string(r.config.mode.rawValue)),
+                    ("state", .string(d.session.rawValue)),
+                    ("availability", d.online.map { .string($0 ? "online" : "offline") } ?? .null),
+                    ("adapter", d.adapter.map(JSONValue.string) ?? .null),
+                    ("rssi", d.rssi.map { .int(Int64($0)) } ?? .null),
+                    ("last_seen", d.lastSeenWall.map { .string(iso8601($0)) } ?? .null),
                 ]
-                if let v = w.minimum { o.append(("min", .double(v))) }
-                if let v = w.maximum { o.append(("max", .double(v))) }
-                if let v = w.options { o.append(("options", .array(v.map(JSONValue.string)))) }
-                return .object(o)
-            })))
-            f.append(("reconnects", .int(Int64(d.reconnects))))
-            f.append(("last_error", d.lastError.map(JSONValue.string) ?? .null))
-            return .object(f)
-        })
+                let services = Array(Set(d.characteristics.map(\.serviceUUID))).sorted()
+                f.append(("services", .array(services.map { .string($0.description) })))
+                f.append(
+                    (
+                        "characteristics",
+                        .array(
+                            d.characteristics.map { c in
+                                .object([
+                                    ("uuid", .string(c.uuid.description)),
+                                    ("service", .string(c.serviceUUID.description)),
+                                    ("flags", .array(c.flags.sorted().map(JSONValue.string))),
+                                    ("parser", registry.parser(for: c.uuid).map { .string($0.name) } ?? .null),
+                                ])
+                            })
+                    ))
+                f.append(
+                    (
+                        "writable",
+                        .array(
+                            r.config.writable.map { w in
+                                var o: [(String, JSONValue)] = [
+                                    ("name", .string(w.name)),
+                                    ("characteristic", .string(w.characteristic.description)),
+                                    ("parser", w.parserName.map(JSONValue.string) ?? .null),
+                                    ("platform", .string(w.platform)),
+                                ]
+                                if let v = w.minimum { o.append(("min", .double(v))) }
+                                if let v = w.maximum { o.append(("max", .double(v))) }
+                                if let v = w.options { o.append(("options", .array(v.map(JSONValue.string)))) }
+                                return .object(o)
+                            })
+                    ))
+                f.append(("reconnects", .int(Int64(d.reconnects))))
+                f.append(("last_error", d.lastError.map(JSONValue.string) ?? .null))
+                return .object(f)
+            })
     }
 
     func publishDevices() {
@@ -167,20 +224,30 @@ extension Bridge {
         let t = topics
         let id = bridgeObjectID
         let payload = JSONValue.object([
-            ("dev", .object([
-                ("ids", .array([.string(id)])), ("name", .string("blebridge \(gatewayName)")),
-                ("mf", .string("blebridge")), ("mdl", .string("BLE to MQTT bridge")), ("sw", .string(BridgeVersion.current)),
-            ])),
+            (
+                "dev",
+                .object([
+                    ("ids", .array([.string(id)])), ("name", .string("blebridge \(gatewayName)")),
+                    ("mf", .string("blebridge")), ("mdl", .string("BLE to MQTT bridge")),
+                    ("sw", .string(BridgeVersion.current)),
+                ])
+            ),
             ("o", origin()),
-            ("cmps", .object([
-                ("\(id)_connection_state", .object([
-                    ("p", .string("binary_sensor")), ("name", .string("Connection state")),
-                    ("unique_id", .string("\(id)_connection_state")), ("device_class", .string("connectivity")),
-                    ("entity_category", .string("diagnostic")), ("state_topic", .string(t.bridgeState)),
-                    ("value_template", .string("{{ value_json.state }}")), ("payload_on", .string("online")),
-                    ("payload_off", .string("offline")),
-                ])),
-            ])),
+            (
+                "cmps",
+                .object([
+                    (
+                        "\(id)_connection_state",
+                        .object([
+                            ("p", .string("binary_sensor")), ("name", .string("Connection state")),
+                            ("unique_id", .string("\(id)_connection_state")), ("device_class", .string("connectivity")),
+                            ("entity_category", .string("diagnostic")), ("state_topic", .string(t.bridgeState)),
+                            ("value_template", .string("{{ value_json.state }}")), ("payload_on", .string("online")),
+                            ("payload_off", .string("offline")),
+                        ])
+                    )
+                ])
+            ),
             ("qos", .int(1)),
         ])
         publish(t.discovery(id), payload.bytes, qos: 1, retain: true)
@@ -232,39 +299,49 @@ extension Bridge {
         for w in r.config.writable {
             components.append(("\(oid)_\(w.name)", writableComponent(w, r, oid: oid)))
         }
-        components.append((
-            "\(oid)_rssi",
-            .object([
-                ("p", .string("sensor")), ("name", .string("RSSI")), ("unique_id", .string("\(oid)_rssi")),
-                ("device_class", .string("signal_strength")), ("unit_of_measurement", .string("dBm")),
-                ("state_class", .string("measurement")), ("entity_category", .string("diagnostic")),
-                ("value_template", .string("{{ value_json.rssi }}")),
-            ])
-        ))
-        components.append((
-            "\(oid)_last_seen",
-            .object([
-                ("p", .string("sensor")), ("name", .string("Last seen")), ("unique_id", .string("\(oid)_last_seen")),
-                ("device_class", .string("timestamp")), ("entity_category", .string("diagnostic")),
-                ("enabled_by_default", .bool(false)), ("value_template", .string("{{ value_json.last_seen }}")),
-            ])
-        ))
+        components.append(
+            (
+                "\(oid)_rssi",
+                .object([
+                    ("p", .string("sensor")), ("name", .string("RSSI")), ("unique_id", .string("\(oid)_rssi")),
+                    ("device_class", .string("signal_strength")), ("unit_of_measurement", .string("dBm")),
+                    ("state_class", .string("measurement")), ("entity_category", .string("diagnostic")),
+                    ("value_template", .string("{{ value_json.rssi }}")),
+                ])
+            ))
+        components.append(
+            (
+                "\(oid)_last_seen",
+                .object([
+                    ("p", .string("sensor")), ("name", .string("Last seen")),
+                    ("unique_id", .string("\(oid)_last_seen")),
+                    ("device_class", .string("timestamp")), ("entity_category", .string("diagnostic")),
+                    ("enabled_by_default", .bool(false)), ("value_template", .string("{{ value_json.last_seen }}")),
+                ])
+            ))
         var device: [(String, JSONValue)] = [
             ("ids", .array([.string(oid)])),
             ("name", .string(deviceDisplayName(r, advertisedName: d.1))),
             ("via_device", .string(bridgeObjectID)),
         ]
-        if let a = d.0 { device.append(("cns", .array([.array([.string("bluetooth"), .string(a.text.lowercased())])]))) }
+        if let a = d.0 {
+            device.append(("cns", .array([.array([.string("bluetooth"), .string(a.text.lowercased())])])))
+        }
         if let model = d.1 { device.append(("mdl", .string(model))) }
         return .object([
             ("dev", .object(device)),
             ("o", origin()),
             ("cmps", .object(components)),
             ("state_topic", .string(t.state(r.id))),
-            ("availability", .array([
-                .object([("topic", .string(t.bridgeState)), ("value_template", .string("{{ value_json.state }}"))]),
-                .object([("topic", .string(t.availability(r.id))), ("value_template", .string("{{ value_json.state }}"))]),
-            ])),
+            (
+                "availability",
+                .array([
+                    .object([("topic", .string(t.bridgeState)), ("value_template", .string("{{ value_json.state }}"))]),
+                    .object([
+                        ("topic", .string(t.availability(r.id))), ("value_template", .string("{{ value_json.state }}")),
+                    ]),
+                ])
+            ),
             ("availability_mode", .string("all")),
             ("qos", .int(Int64(stateQoS(r)))),
         ])
@@ -314,7 +391,8 @@ extension Bridge {
             ("p", .string(w.platform)), ("name", .string(humanName(GATTFieldDescriptor.inferred(fromName: w.name)))),
             ("unique_id", .string("\(oid)_\(w.name)")), ("command_topic", .string("\(t.set(r.id))/\(w.name)")),
         ]
-        let descriptor = config.registry.parser(named: w.parserName ?? "")?.fields.first { $0.name == w.name }
+        let descriptor =
+            config.registry.parser(named: w.parserName ?? "")?.fields.first { $0.name == w.name }
             ?? GATTFieldDescriptor.inferred(fromName: w.name)
         switch w.platform {
         case "switch":

@@ -267,7 +267,9 @@ public enum JSONReader {
             }
             let text = String(decoding: bytes[start..<i], as: UTF8.self)
             if isInteger, let v = Int64(text) { return .int(v) }
-            guard let d = Double(text), d.isFinite else { throw JSONParseError(offset: start, reason: "number out of range") }
+            guard let d = Double(text), d.isFinite else {
+                throw JSONParseError(offset: start, reason: "number out of range")
+            }
             return .double(d)
         }
 
@@ -311,7 +313,9 @@ public enum JSONReader {
                     default: throw JSONParseError(offset: i - 1, reason: "invalid escape")
                     }
                 default:
-                    guard b >= 0x20 else { throw JSONParseError(offset: i - 1, reason: "control character in a string") }
+                    guard b >= 0x20 else {
+                        throw JSONParseError(offset: i - 1, reason: "control character in a string")
+                    }
                     out.append(b)
                 }
             }

@@ -116,8 +116,9 @@ public struct BLEScanRequest: Sendable, Equatable {
     public var adapters: [String]
 
     /// A scan request.
-    public init(serviceUUIDs: [BluetoothUUID] = [], passive: Bool = false, duplicateData: Bool = true, adapters: [String] = [])
-    {
+    public init(
+        serviceUUIDs: [BluetoothUUID] = [], passive: Bool = false, duplicateData: Bool = true, adapters: [String] = []
+    ) {
         self.serviceUUIDs = serviceUUIDs
         self.passive = passive
         self.duplicateData = duplicateData
@@ -291,8 +292,7 @@ public struct BridgeOutgoingMessage: Sendable, Equatable {
     public var correlationData: [UInt8]?
 
     /// A message.
-    public init(topic: String, payload: [UInt8], qos: Int = 1, retain: Bool = false, correlationData: [UInt8]? = nil)
-    {
+    public init(topic: String, payload: [UInt8], qos: Int = 1, retain: Bool = false, correlationData: [UInt8]? = nil) {
         self.topic = topic
         self.payload = payload
         self.qos = qos

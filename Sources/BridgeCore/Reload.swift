@@ -17,7 +17,8 @@ public struct ReloadSummary: Sendable, Equatable, CustomStringConvertible {
     /// `2 added (a, b), 1 removed (c), 0 changed`.
     public var description: String {
         func list(_ ids: [String]) -> String { ids.isEmpty ? "" : " (\(ids.joined(separator: ", ")))" }
-        var text = "\(added.count) added\(list(added)), \(removed.count) removed\(list(removed)), "
+        var text =
+            "\(added.count) added\(list(added)), \(removed.count) removed\(list(removed)), "
             + "\(changed.count) changed\(list(changed))"
         if !needsRestart.isEmpty { text += "; restart to apply \(needsRestart.joined(separator: ", "))" }
         return text
@@ -115,7 +116,8 @@ extension Bridge {
                     restart.append(r)
                 }
             }
-            s.order = new.devices.map(\.id).filter { s.devices[$0] != nil }
+            s.order =
+                new.devices.map(\.id).filter { s.devices[$0] != nil }
                 + s.order.filter { id in !new.devices.contains { $0.id == id } && s.devices[id] != nil }
         }
         // Sessions of removed and changed devices end on purpose (no reconnect), outside the lock.

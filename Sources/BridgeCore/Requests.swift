@@ -66,7 +66,9 @@ extension Bridge {
                     ("needs_restart", .array(summary.needsRestart.map(JSONValue.string))),
                 ])
             case .failure(let errors):
-                outcome = .failure("the new configuration is invalid, the old one stays: \(errors.errors.map(\.description).joined(separator: "; "))")
+                outcome = .failure(
+                    "the new configuration is invalid, the old one stays: \(errors.errors.map(\.description).joined(separator: "; "))"
+                )
             }
         case "device/read": outcome = await rawGATT(request, write: false)
         case "device/write": outcome = await rawGATT(request, write: true)
@@ -86,7 +88,9 @@ extension Bridge {
         }
         if let text = request["address"]?.string {
             guard let a = BLEAddress(text) else { return .failure("\"\(text)\" is not a Bluetooth address") }
-            guard let r = engine.withLock({ $0.byAddress[a] }) else { return .failure("no known device has address \(a)") }
+            guard let r = engine.withLock({ $0.byAddress[a] }) else {
+                return .failure("no known device has address \(a)")
+            }
             return await body(r)
         }
         return .failure("give the device as {\"id\": \"name\"} or {\"address\": \"AA:BB:CC:DD:EE:FF\"}")
@@ -207,7 +211,9 @@ extension Bridge {
 
     func rawGATT(_ request: JSONValue, write: Bool) async -> CommandOutcome {
         guard config.allowRawGATT else {
-            return .failure("raw GATT access is off; set allow_raw_gatt: true in the configuration to use device/\(write ? "write" : "read")")
+            return .failure(
+                "raw GATT access is off; set allow_raw_gatt: true in the configuration to use device/\(write ? "write" : "read")"
+            )
         }
         guard let text = request["characteristic"]?.string, let uuid = BluetoothUUID(text) else {
             return .failure("give \"characteristic\": a UUID such as \"2A19\"")
@@ -263,42 +269,65 @@ extension Bridge {
         return [
             ("healthy", .bool(healthy)),
             ("uptime_s", .double(((clock.now - started).seconds * 10).rounded() / 10)),
-            ("mqtt", .object([
-                ("connected", .bool(mqttUp)), ("published", .int(Int64(stats.published))),
-                ("received", .int(Int64(stats.received))), ("queued", .int(Int64(stats.queued))),
-                ("dropped", .int(Int64(stats.dropped))),
-            ])),
-            ("bluetoothd", .bool(bluez)),
-            ("adapters", .array(adapters.map { a in
-                let (used, scanning) = engine.withLock { ($0.slots[a.name] ?? 0, $0.scanning.contains(a.name)) }
-                return .object([
-                    ("name", .string(a.name)), ("address", .string(a.address)), ("powered", .bool(a.powered)),
-                    ("discovering", .bool(scanning)),
-                    ("connections", .int(Int64(used))),
-                    ("free_slots", .int(Int64(max(0, config.bluetooth.connectionSlots - used)))),
+            (
+                "mqtt",
+                .object([
+                    ("connected", .bool(mqttUp)), ("published", .int(Int64(stats.published))),
+                    ("received", .int(Int64(stats.received))), ("queued", .int(Int64(stats.queued))),
+                    ("dropped", .int(Int64(stats.dropped))),
                 ])
-            })),
+            ),
+            ("bluetoothd", .bool(bluez)),
+            (
+                "adapters",
+                .array(
+                    adapters.map { a in
+                        let (used, scanning) = engine.withLock { ($0.slots[a.name] ?? 0, $0.scanning.contains(a.name)) }
+                        return .object([
+                            ("name", .string(a.name)), ("address", .string(a.address)), ("powered", .bool(a.powered)),
+                            ("discovering", .bool(scanning)),
+                            ("connections", .int(Int64(used))),
+                            ("free_slots", .int(Int64(max(0, config.bluetooth.connectionSlots - used)))),
+                        ])
+                    })
+            ),
             ("process", .object(processStatistics())),
-            ("devices", .object(records.map { r in
-                let d = r.data.withLock { $0 }
-                let since = d.connectedSince.map { (clock.now - $0).seconds } ?? (clock.now - started).seconds
-                return (r.id, .object([
-                    ("state", .string(d.session.rawValue)),
-                    ("availability", d.online.map { .string($0 ? "online" : "offline") } ?? .null),
-                    ("messages", .int(Int64(d.messages))),
-                    ("messages_per_s", .double(since > 0 ? (Double(d.messages) / since * 100).rounded() / 100 : 0)),
-                    ("last_seen", d.lastSeenWall.map { .string(iso8601($0)) } ?? .null),
-                    ("reconnects", .int(Int64(d.reconnects))),
-                    ("last_error", d.lastError.map(JSONValue.string) ?? .null),
-                ]))
-            })),
-            ("counters", .object([
-                ("notifications", .int(Int64(counters.notifications))),
-                ("advertisements", .int(Int64(counters.advertisements))),
-                ("decoded", .int(Int64(counters.decoded))), ("decode_errors", .int(Int64(counters.decodeErrors))),
-                ("state_publishes", .int(Int64(counters.statePublishes))),
-                ("reconnects", .object(counters.reconnects.sorted { $0.key < $1.key }.map { ($0.key, .int(Int64($0.value))) })),
-            ])),
+            (
+                "devices",
+                .object(
+                    records.map { r in
+                        let d = r.data.withLock { $0 }
+                        let since = d.connectedSince.map { (clock.now - $0).seconds } ?? (clock.now - started).seconds
+                        return (
+                            r.id,
+                            .object([
+                                ("state", .string(d.session.rawValue)),
+                                ("availability", d.online.map { .string($0 ? "online" : "offline") } ?? .null),
+                                ("messages", .int(Int64(d.messages))),
+                                (
+                                    "messages_per_s",
+                                    .double(since > 0 ? (Double(d.messages) / since * 100).rounded() / 100 : 0)
+                                ),
+                                ("last_seen", d.lastSeenWall.map { .string(iso8601($0)) } ?? .null),
+                                ("reconnects", .int(Int64(d.reconnects))),
+                                ("last_error", d.lastError.map(JSONValue.string) ?? .null),
+                            ])
+                        )
+                    })
+            ),
+            (
+                "counters",
+                .object([
+                    ("notifications", .int(Int64(counters.notifications))),
+                    ("advertisements", .int(Int64(counters.advertisements))),
+                    ("decoded", .int(Int64(counters.decoded))), ("decode_errors", .int(Int64(counters.decodeErrors))),
+                    ("state_publishes", .int(Int64(counters.statePublishes))),
+                    (
+                        "reconnects",
+                        .object(counters.reconnects.sorted { $0.key < $1.key }.map { ($0.key, .int(Int64($0.value))) })
+                    ),
+                ])
+            ),
         ]
     }
 }

@@ -129,10 +129,12 @@ extension Bridge {
         if heard.isEmpty || heard.contains(where: adapters.contains) {
             return BLEError(
                 .noSlots,
-                message: "every connection slot is in use on \(heard.isEmpty ? adapters.joined(separator: ", ") : heard.joined(separator: ", ")) (bluetooth.connection_slots: \(config.bluetooth.connectionSlots))"
+                message:
+                    "every connection slot is in use on \(heard.isEmpty ? adapters.joined(separator: ", ") : heard.joined(separator: ", ")) (bluetooth.connection_slots: \(config.bluetooth.connectionSlots))"
             )
         }
-        return BLEError(.adapterUnavailable, message: "the adapters that heard it (\(heard.joined(separator: ", "))) are gone")
+        return BLEError(
+            .adapterUnavailable, message: "the adapters that heard it (\(heard.joined(separator: ", "))) are gone")
     }
 
     // MARK: Connected mode
@@ -330,32 +332,35 @@ extension Bridge {
         // Unstructured tasks, so that a wait that does not honour cancellation cannot hold up the shutdown.
         let (ends, endsContinuation) = AsyncStream<StreamEnd>.makeStream(bufferingPolicy: .bufferingOldest(8))
         var tasks: [Task<Void, Never>] = []
-        tasks.append(Task {
-            let d = await link.waitForDisconnection()
-            endsContinuation.yield(d.requested ? .stopped : .linkLost(d))
-        })
-        for (c, values) in streams {
-            tasks.append(Task {
-                do {
-                    for try await value in values {
-                        self.handleNotification(r, c, value)
-                    }
-                    if !Task.isCancelled { endsContinuation.yield(.subscriptionEnded(c.uuid, "stream finished")) }
-                } catch {
-                    if !Task.isCancelled { endsContinuation.yield(.subscriptionEnded(c.uuid, "\(error)")) }
-                }
+        tasks.append(
+            Task {
+                let d = await link.waitForDisconnection()
+                endsContinuation.yield(d.requested ? .stopped : .linkLost(d))
             })
+        for (c, values) in streams {
+            tasks.append(
+                Task {
+                    do {
+                        for try await value in values {
+                            self.handleNotification(r, c, value)
+                        }
+                        if !Task.isCancelled { endsContinuation.yield(.subscriptionEnded(c.uuid, "stream finished")) }
+                    } catch {
+                        if !Task.isCancelled { endsContinuation.yield(.subscriptionEnded(c.uuid, "\(error)")) }
+                    }
+                })
         }
         if !streams.isEmpty {
-            tasks.append(Task {
-                while !Task.isCancelled {
-                    do { try await self.clock.sleep(for: .seconds(1)) } catch { return }
-                    if let silent = self.silentCharacteristic(r, factor: factor) {
-                        endsContinuation.yield(.silent(silent.0, silent.1))
-                        return
+            tasks.append(
+                Task {
+                    while !Task.isCancelled {
+                        do { try await self.clock.sleep(for: .seconds(1)) } catch { return }
+                        if let silent = self.silentCharacteristic(r, factor: factor) {
+                            endsContinuation.yield(.silent(silent.0, silent.1))
+                            return
+                        }
                     }
-                }
-            })
+                })
         }
         var end: StreamEnd = .stopped
         for await first in ends {

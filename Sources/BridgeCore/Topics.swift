@@ -61,7 +61,8 @@ public struct BridgeTopics: Sendable, Hashable {
     public func command(for topic: String) -> Command? {
         let prefix = base + "/"
         guard topic.hasPrefix(prefix) else { return nil }
-        let rest = topic.dropFirst(prefix.count).split(separator: "/", omittingEmptySubsequences: false).map(String.init)
+        let rest = topic.dropFirst(prefix.count).split(separator: "/", omittingEmptySubsequences: false).map(
+            String.init)
         if rest.count >= 3, rest[0] == "bridge", rest[1] == "request" {
             return .request(op: rest[2...].joined(separator: "/"))
         }
