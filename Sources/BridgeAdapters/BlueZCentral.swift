@@ -267,7 +267,6 @@ public final class BlueZCentral: BLECentral {
         case .invalidArgument: kind = .invalidArgument
         case .cancelled: kind = .cancelled
         case .notificationsEnded: kind = .disconnected
-        default: kind = .failed
         }
         return BLEError(kind, name: name, message: error.description)
     }

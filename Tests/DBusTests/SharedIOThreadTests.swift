@@ -32,11 +32,14 @@ import Testing
                 destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
                 method: "ListNames")
             let took = ContinuousClock.now - start
-            #expect(took < .milliseconds(500), "a call on the healthy bus took \(took) while the other closed")
+            // A stalled loop holds a call for the whole close (about a second); a loaded machine can make an honest
+            // call slow, so the proof is the number of calls that fit into the close (below), this only a bound.
+            #expect(took < .milliseconds(900), "a call on the healthy bus took \(took) while the other closed")
             if !closed.load(ordering: .sequentiallyConsistent) { callsWhileClosing += 1 }
         }
         await closing.value
-        #expect(callsWhileClosing > 0, "the close was over before any call could overlap it")
+        // A stalled loop lets at most one call overlap the close (it returns when the close ends).
+        #expect(callsWhileClosing >= 3, "only \(callsWhileClosing) calls overlapped the close")
         #expect(!doomed.isConnected)
         await live.closeAndWait()
     }
