@@ -100,7 +100,8 @@ func specs(from yaml: MiniYAML) throws -> [DeclarativeParserSpec] {
                     name: field["name"]?.text ?? "", type: field["type"]?.text ?? "",
                     offset: Int(field["offset"]?.text ?? "") ?? -1, scale: field["scale"]?.text.flatMap(Double.init),
                     add: field["add"]?.text.flatMap(Double.init), enumNames: enumNames,
-                    length: field["length"]?.text.flatMap { Int($0) })
+                    length: field["length"]?.text.flatMap { Int($0) }, unit: field["unit"]?.text,
+                    deviceClass: field["device_class"]?.text, stateClass: field["state_class"]?.text)
             })
     }
 }
