@@ -124,7 +124,8 @@ struct Daemon {
         sources.append(hup)
         // READY, STATUS and the watchdog from a timer of their own: a stalled main loop stops the pings.
         let timer = DispatchSource.makeTimerSource(queue: queue)
-        let period = min(notifier.watchdogInterval ?? .seconds(1), .seconds(1))
+        // A quarter of a second: pings land within that of their due time, and READY/STATUS follow changes quickly.
+        let period = Duration.milliseconds(250)
         let watchdogLimit = max((notifier.watchdogInterval ?? .seconds(5)), .seconds(3))
         let notifyState = NotifyState()
         timer.schedule(deadline: .now(), repeating: .milliseconds(Int(period.seconds * 1000)))
@@ -142,7 +143,7 @@ struct Daemon {
                 lines.append("STATUS=\(text)")
             }
             if let interval = notifier.watchdogInterval,
-                ContinuousClock.now - notifyState.lastPing >= interval,
+                ContinuousClock.now - notifyState.lastPing >= interval - .milliseconds(200),
                 status.allowsWatchdog(now: .now, limit: watchdogLimit)
             {
                 notifyState.lastPing = .now
