@@ -210,11 +210,16 @@ def build_machine_paths(binary):
     """Build-machine paths in the binary's strings: the source tree and the directory holding it, the toolchain,
     a .build directory, the home directory."""
     strings = check(["strings", "-a", binary]).stdout.splitlines()
-    places = {REPO, REPO.parent, Path("/opt/swift"), Path.home()}
+    places = {REPO, Path("/opt/swift"), Path.home()}
+    # The directory holding the tree, unless it is a shared system directory (a clone in /tmp/x must not make
+    # every "/tmp/..." or "/var/tmp/..." string of the Swift runtime look like a build path).
+    if str(REPO.parent) not in {"/", "/tmp", "/var/tmp", "/home", "/root", "/srv", "/opt", "/work"}:
+        places.add(REPO.parent)
     swift = shutil.which("swift")
     if swift:
         places.add(Path(swift).resolve().parents[2])  # <toolchain>/usr/bin/swift
-    patterns = [re.escape(str(p) + "/") for p in places if str(p) != "/"] + [r"(^|/)\.build/"]
+    # A place counts only where a path starts: "/tmp/x/" must not match inside "/var/tmp/x/".
+    patterns = [r"(^|[^\w./-])" + re.escape(str(p) + "/") for p in places if str(p) != "/"] + [r"(^|/)\.build/"]
     pattern = re.compile("|".join(patterns))
     return sorted({s for s in strings if pattern.search(s)})
 
