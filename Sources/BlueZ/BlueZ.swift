@@ -1,5 +1,5 @@
 // BlueZ: a typed central-role client for bluetoothd (org.bluez) over the DBus target.
-// Layering: imports DBus only; no MQTT, no value parsing. See /work/shared/BLUEZ.md for what bluetoothd does.
+// Layering: imports DBus only; no MQTT, no value parsing. What bluetoothd does on the bus follows BlueZ's doc/org.bluez.*.rst.
 
 /// The bus the client talks to.
 public enum BlueZBus: Sendable, Hashable {
