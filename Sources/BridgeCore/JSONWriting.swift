@@ -85,12 +85,17 @@ private func appendPadded(_ v: Int64, _ width: Int, to out: inout [UInt8]) {
 /// Appends `iso8601(seconds)` as a JSON string (its characters never need escaping).
 func appendISO8601JSON(_ seconds: Double, to out: inout [UInt8]) {
     out.append(UInt8(ascii: "\""))
+    appendISO8601(seconds, to: &out)
+    out.append(UInt8(ascii: "\""))
+}
+
+/// Appends `2026-12-01T21:12:51.123Z` for seconds since 1970 (UTC, milliseconds; out-of-range values give the epoch).
+func appendISO8601(_ seconds: Double, to out: inout [UInt8]) {
     guard seconds.isFinite, seconds > -1e12, seconds < 1e12 else {
         out.append(contentsOf: "1970-01-01T00:00:00.000Z".utf8)
-        out.append(UInt8(ascii: "\""))
         return
     }
-    // The same arithmetic as iso8601(_:) (H. Hinnant's civil-from-days algorithm).
+    // H. Hinnant's civil-from-days algorithm.
     let totalMillis = Int64((seconds * 1000).rounded(.down))
     var days = totalMillis / 86_400_000
     var rest = totalMillis % 86_400_000
@@ -122,5 +127,4 @@ func appendISO8601JSON(_ seconds: Double, to out: inout [UInt8]) {
     out.append(UInt8(ascii: "."))
     appendPadded(rest % 1000, 3, to: &out)
     out.append(UInt8(ascii: "Z"))
-    out.append(UInt8(ascii: "\""))
 }
