@@ -69,7 +69,7 @@ let package = Package(
         .testTarget(name: "MQTTTests", dependencies: ["MQTT", "TestSupport"]),
         .testTarget(name: "GATTTests", dependencies: ["GATT", "GATTCrypto", "TestSupport"]),
         .testTarget(name: "CLITests", dependencies: ["TestSupport"]),
-        .testTarget(name: "BridgeCoreTests", dependencies: ["BridgeCore", "GATT", "YAML", "Logging"]),
+        .testTarget(name: "BridgeCoreTests", dependencies: ["BridgeCore", "GATT", "GATTCrypto", "YAML", "Logging"]),
         .testTarget(name: "MetricsHTTPTests", dependencies: ["MetricsHTTP", "Logging"]),
     ],
     swiftLanguageModes: [.v6]

@@ -19,6 +19,8 @@ public final class Bridge: Sendable {
     let processStatistics: @Sendable () -> [(String, JSONValue)]
     let configSource: (@Sendable () async -> Result<BridgeConfig, ConfigErrors>)?
     let store: (any BridgeStateStore)?
+    /// The peripheral role, when the configuration has a `peripheral:` section and a host was given.
+    public let peripheral: PeripheralService?
 
     struct EngineState {
         var config: BridgeConfig
@@ -67,7 +69,7 @@ public final class Bridge: Sendable {
         logger: Logger, gatewayName: String = "blebridge",
         processStatistics: @escaping @Sendable () -> [(String, JSONValue)] = { [] },
         configSource: (@Sendable () async -> Result<BridgeConfig, ConfigErrors>)? = nil,
-        store: (any BridgeStateStore)? = nil
+        store: (any BridgeStateStore)? = nil, peripheralHost: (any BLEPeripheralHost)? = nil
     ) {
         self.store = store
         self.processStatistics = processStatistics
@@ -87,6 +89,23 @@ public final class Bridge: Sendable {
         }
         engine = Mutex(state)
         started = clock.now
+        if let p = config.peripheral, let peripheralHost {
+            let box = WeakBridge()
+            let mqtt = mqtt
+            peripheral = PeripheralService(
+                config: p, registry: config.registry, host: peripheralHost, topics: topics, qos: config.mqtt.qos,
+                maxPayload: config.mqtt.maxPayload, clock: clock, logger: self.logger,
+                status: { box.bridge.withLock { $0 }?.status }, changed: { box.bridge.withLock { $0 }?.publishInfo() },
+                publish: { try? mqtt.publish($0) })
+            box.bridge.withLock { $0 = self }
+        } else {
+            peripheral = nil
+        }
+    }
+
+    /// Lets the peripheral role ask the bridge for its status without keeping it alive.
+    final class WeakBridge: Sendable {
+        let bridge = Mutex<Bridge?>(nil)
     }
 
     /// `logger`, plus warnings and errors (`logging.mqtt_level`) published on `bridge/logging`.
@@ -217,6 +236,7 @@ public final class Bridge: Sendable {
             group.addTask { await self.runBLE() }
             group.addTask { await self.runTicker() }
             group.addTask { await self.runHealth() }
+            if let peripheral = self.peripheral { group.addTask { await peripheral.run() } }
             // Wait for cancellation of the bridge's task.
             await withTaskCancellationHandler {
                 await waitForever()

@@ -69,6 +69,7 @@ extension Bridge {
             // Retained discovery messages of ours for devices no longer configured are removed when they arrive.
             filters.append("\(ha.prefix)/device/+/config")
         }
+        filters += peripheral?.sourceTopics ?? []
         for filter in filters {
             do {
                 try await mqtt.subscribe(filter)
@@ -87,6 +88,7 @@ extension Bridge {
 
     func handleIncoming(_ message: BridgeIncomingMessage) async {
         let c = config
+        if let peripheral, peripheral.handle(message) { return }
         if c.homeAssistant.enabled, message.topic == c.homeAssistant.statusTopic {
             if message.text == "online" {
                 logger.info("Home Assistant is online: publishing discovery again")

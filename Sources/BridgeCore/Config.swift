@@ -281,6 +281,8 @@ public struct BridgeConfig: Sendable {
     public var parserSpecs: [DeclarativeParserSpec] = []
     /// The registry: built-in parsers plus the declared ones.
     public var registry = GATTParserRegistry()
+    /// The peripheral role (GATT server, advertising, BTHome broadcast); nil: off.
+    public var peripheral: PeripheralConfig?
 
     /// An empty configuration with the built-in parsers.
     public init() {
@@ -359,7 +361,7 @@ extension BridgeConfig {
 
     static let topKeys: Set<String> = [
         "mqtt", "homeassistant", "bluetooth", "availability", "logging", "allow_raw_gatt", "devices", "auto_devices",
-        "parsers", "health", "metrics",
+        "parsers", "health", "metrics", "peripheral",
     ]
 
     static func load(_ root: ConfigNode) -> BridgeConfig {
@@ -419,6 +421,7 @@ extension BridgeConfig {
             config.parserSpecs = accepted
         }
         if let a = root["auto_devices"] { config.autoDevices = loadAutoDevices(a) }
+        if let p = root["peripheral"] { config.peripheral = loadPeripheral(p, registry: config.registry) }
         if let d = root["devices"] {
             var ids: [String: String] = [:]
             for (index, item) in d.items.enumerated() {

@@ -30,7 +30,7 @@ extension Bridge {
             ),
             ("config", configSummary(c)),
             ("requests", .array(Bridge.requestOperations.map(JSONValue.string))),
-        ]
+        ] + (peripheral.map { [("peripheral", $0.info)] } ?? [])
     }
 
     /// The effective configuration without secrets.
@@ -141,7 +141,59 @@ public enum EffectiveConfig {
             ("devices", .int(Int64(c.devices.count))),
             ("auto_devices", .bool(c.autoDevices.enabled)),
             ("parsers", .array(c.parserSpecs.map { .string($0.name) })),
+            ("peripheral", c.peripheral.map(peripheralSummary) ?? .null),
         ])
+    }
+
+    /// The `peripheral` section: services and their bindings, the broadcast (bind key masked).
+    static func peripheralSummary(_ p: PeripheralConfig) -> JSONValue {
+        var fields: [(String, JSONValue)] = [
+            ("adapter", p.adapter.map(JSONValue.string) ?? .null), ("name", .string(p.name)),
+            ("advertise", .bool(p.advertise)),
+            (
+                "services",
+                .array(
+                    p.services.map { s in
+                        .object([
+                            ("uuid", .string(s.uuid.description)), ("name", s.name.map(JSONValue.string) ?? .null),
+                            (
+                                "characteristics",
+                                .array(
+                                    s.characteristics.map { c in
+                                        .object([
+                                            ("uuid", .string(c.uuid.description)),
+                                            ("parser", c.parserName.map(JSONValue.string) ?? .null),
+                                            ("flags", .array(c.flags.map(JSONValue.string))),
+                                            ("source", c.source.map { .string($0.description) } ?? .null),
+                                            ("sink", c.sink.map(JSONValue.string) ?? .null),
+                                        ])
+                                    })
+                            ),
+                        ])
+                    })
+            ),
+        ]
+        if let b = p.broadcast {
+            fields.append(
+                (
+                    "broadcast",
+                    .object([
+                        ("name", b.name.map(JSONValue.string) ?? .null),
+                        ("interval_s", .double(Double(b.interval.components.seconds)
+                            + Double(b.interval.components.attoseconds) / 1e18)),
+                        ("bind_key", b.bindKey == nil ? .null : .string("***")),
+                        (
+                            "values",
+                            .array(
+                                b.values.map {
+                                    .object([("field", .string($0.field)), ("source", .string($0.source.description))])
+                                })
+                        ),
+                        ("payload_octets", .int(Int64(b.payloadLength))),
+                    ])
+                ))
+        }
+        return .object(fields)
     }
 }
 

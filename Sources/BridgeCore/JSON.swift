@@ -41,6 +41,12 @@ public indirect enum JSONValue: Sendable, Equatable {
         return nil
     }
 
+    /// The element at `index` of an array (nil when out of range or not an array).
+    public subscript(index: Int) -> JSONValue? {
+        if case .array(let items) = self, items.indices.contains(index) { return items[index] }
+        return nil
+    }
+
     /// The string, if this is one.
     public var string: String? {
         if case .string(let s) = self { return s }

@@ -50,6 +50,10 @@ extension Bridge {
             summary.needsRestart.append("homeassistant.prefix")
             applied.homeAssistant.prefix = old.homeAssistant.prefix
         }
+        if old.peripheral != new.peripheral {
+            summary.needsRestart.append("peripheral")
+            applied.peripheral = old.peripheral
+        }
         let oldDevices = Dictionary(old.devices.map { ($0.id, $0) }) { a, _ in a }
         let newDevices = Dictionary(new.devices.map { ($0.id, $0) }) { a, _ in a }
         var stopping: [DeviceRecord] = []

@@ -559,6 +559,38 @@ public enum BTHomeEncoder {
         return try encode(sorted.map(\.element), triggerBased: triggerBased, includedMAC: mac)
     }
 
+    /// The object id the encoder uses for `field` (a decoded field name such as `temperature_c`), for fields of
+    /// fixed size that a broadcaster can send from a number or a bool; nil for others (text, raw data, events).
+    public static func objectID(forField field: String) -> UInt8? {
+        guard let id = BTHomeObjects.preferredID[field], let info = BTHomeObjects.table[Int(id)] else { return nil }
+        switch info.kind {
+        case .text, .raw, .button, .dimmer, .firmwareVersion, .timestamp: return nil
+        default: return id
+        }
+    }
+
+    /// A value of `field` that encodes (zero, or false), for working out a packet's size ahead of data.
+    public static func placeholder(forField field: String) -> GATTValue {
+        guard let id = objectID(forField: field), let info = BTHomeObjects.table[Int(id)] else { return .null }
+        if case .binary = info.kind { return .bool(false) }
+        return .int(0)
+    }
+
+    /// The objects `encode(_ reading:)` would send for `reading`, in ascending id order, for `encodeEncrypted`.
+    ///
+    /// - Throws: `notEncodable` for a field with no fixed-size BTHome object.
+    public static func objects(for reading: GATTReading) throws(GATTParseError) -> [BTHomeObject] {
+        var objects: [BTHomeObject] = []
+        for field in reading.fields {
+            guard let id = objectID(forField: field.name) ?? (field.name == "packet_id" ? 0 : nil) else {
+                throw .notEncodable("BTHome v2: no object for field '\(field.name)'")
+            }
+            objects.append(BTHomeObject(id: id, field.value))
+        }
+        let sorted = objects.enumerated().sorted { ($0.element.id, $0.offset) < ($1.element.id, $1.offset) }
+        return sorted.map(\.element)
+    }
+
     /// Encodes `objects` into an encrypted packet: `device_info | [MAC] | ciphertext | counter (4, LE) | MIC (4)`.
     ///
     /// - Parameters:
