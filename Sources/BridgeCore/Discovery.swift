@@ -179,8 +179,12 @@ public enum EffectiveConfig {
                     "broadcast",
                     .object([
                         ("name", b.name.map(JSONValue.string) ?? .null),
-                        ("interval_s", .double(Double(b.interval.components.seconds)
-                            + Double(b.interval.components.attoseconds) / 1e18)),
+                        (
+                            "interval_s",
+                            .double(
+                                Double(b.interval.components.seconds)
+                                    + Double(b.interval.components.attoseconds) / 1e18)
+                        ),
                         ("bind_key", b.bindKey == nil ? .null : .string("***")),
                         (
                             "values",

@@ -167,7 +167,8 @@ public final class PeripheralService: Sendable {
                 group.addTask { await server.run() }
                 if config.advertise {
                     let advertiser = host.makeAdvertiser(
-                        connectableAdvertisement, adapter: config.adapter, events: { [weak self] in self?.handleEvent($0) })
+                        connectableAdvertisement, adapter: config.adapter,
+                        events: { [weak self] in self?.handleEvent($0) })
                     group.addTask { await advertiser.run() }
                 }
                 if config.characteristics.contains(where: { $0.internalValue != nil }) {
@@ -175,7 +176,10 @@ public final class PeripheralService: Sendable {
                 }
             }
             if config.broadcast != nil { group.addTask { await self.runBroadcast() } }
-            await withTaskCancellationHandler { await waitForever() } onCancel: {}
+            await withTaskCancellationHandler {
+                await waitForever()
+            } onCancel: {
+            }
             group.cancelAll()
         }
         wake.finish()
@@ -464,7 +468,8 @@ public final class PeripheralService: Sendable {
             if let advertiser {
                 advertiser.update(spec)
             } else {
-                let a = host.makeAdvertiser(spec, adapter: config.adapter, events: { [weak self] in self?.handleEvent($0) })
+                let a = host.makeAdvertiser(
+                    spec, adapter: config.adapter, events: { [weak self] in self?.handleEvent($0) })
                 advertiser = a
                 advertiserTask = Task { await a.run() }
             }

@@ -80,7 +80,10 @@ public final class PeripheralBridge: Sendable {
                 }
             }
             group.addTask { await service.run() }
-            await withTaskCancellationHandler { await waitForever() } onCancel: {}
+            await withTaskCancellationHandler {
+                await waitForever()
+            } onCancel: {
+            }
             logger.info("shutting down")
             group.cancelAll()
         }

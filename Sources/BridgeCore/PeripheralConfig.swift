@@ -203,7 +203,9 @@ extension BridgeConfig {
             return nil
         }
         guard let uuid = n["uuid"]?.uuid else {
-            if n["uuid"] == nil { n.fail("missing 'uuid' (or give a 'preset': \(peripheralPresets.joined(separator: ", ")))") }
+            if n["uuid"] == nil {
+                n.fail("missing 'uuid' (or give a 'preset': \(peripheralPresets.joined(separator: ", ")))")
+            }
             return nil
         }
         var chars: [PeripheralCharacteristicConfig] = []
@@ -272,7 +274,8 @@ extension BridgeConfig {
             if source != nil { flags.append("notify") }
             if sink != nil { flags.append("write") }
         }
-        let writes = flags.contains("write") || flags.contains("write-without-response")
+        let writes =
+            flags.contains("write") || flags.contains("write-without-response")
             || flags.contains("reliable-write")
         if writes, sink == nil { n.fail("a writable characteristic needs a 'sink' topic for what centrals write") }
         if sink != nil, !writes { n["sink"]?.fail("a 'sink' needs a write flag (write or write-without-response)") }
@@ -309,7 +312,9 @@ extension BridgeConfig {
         case "battery":
             n.expectMapping(allowed: ["preset", "level"])
             guard let level = n["level"].flatMap(loadSource) else {
-                if n["level"] == nil { n.fail("the battery preset needs 'level': the source of the battery percentage") }
+                if n["level"] == nil {
+                    n.fail("the battery preset needs 'level': the source of the battery percentage")
+                }
                 return nil
             }
             return PeripheralServiceConfig(
@@ -353,7 +358,9 @@ extension BridgeConfig {
                 char(1, 0, flags: ["read", "notify"], value: [0], description: "MQTT connected", key: "preset"),
                 char(2, 0, flags: ["read", "notify"], description: "Bridge status", key: "preset"),
             ]
-            let uuids = [BridgeStatusService.devicesOnline, BridgeStatusService.mqttConnected, BridgeStatusService.status]
+            let uuids = [
+                BridgeStatusService.devicesOnline, BridgeStatusService.mqttConnected, BridgeStatusService.status,
+            ]
             let internals = ["devices_online", "mqtt_connected", "status"]
             for k in chars.indices {
                 chars[k].uuid = uuids[k]
@@ -446,20 +453,28 @@ extension BridgeConfig {
 /// Encodes a value from MQTT (or the config) into a characteristic value with `parser`; raw hex when there is none.
 ///
 /// An object is taken as the parser's fields (`{"temperature_c": 21.5}`); a bare value is the parser's first field.
-public func encodePeripheralValue(_ value: JSONValue, parser: (any GATTCharacteristicParser)?) -> Result<[UInt8], PeripheralValueError> {
+public func encodePeripheralValue(_ value: JSONValue, parser: (any GATTCharacteristicParser)?) -> Result<
+    [UInt8], PeripheralValueError
+> {
     guard let parser else {
         let text: String
         switch value {
         case .string(let s): text = s
         case .object(let fields):
             guard let raw = fields.first(where: { $0.0 == "raw" })?.1.string else {
-                return .failure(PeripheralValueError("a characteristic without a parser takes hex (\"0a1b\" or {\"raw\": \"0a1b\"})"))
+                return .failure(
+                    PeripheralValueError(
+                        "a characteristic without a parser takes hex (\"0a1b\" or {\"raw\": \"0a1b\"})"))
             }
             text = raw
-        default: return .failure(PeripheralValueError("a characteristic without a parser takes hex (\"0a1b\" or {\"raw\": \"0a1b\"})"))
+        default:
+            return .failure(
+                PeripheralValueError("a characteristic without a parser takes hex (\"0a1b\" or {\"raw\": \"0a1b\"})"))
         }
         guard let bytes = bytesFromHex(text) else { return .failure(PeripheralValueError("\"\(text)\" is not hex")) }
-        guard bytes.count <= 512 else { return .failure(PeripheralValueError("\(bytes.count) octets is more than an attribute holds (512)")) }
+        guard bytes.count <= 512 else {
+            return .failure(PeripheralValueError("\(bytes.count) octets is more than an attribute holds (512)"))
+        }
         return .success(bytes)
     }
     var reading = GATTReading()
@@ -478,7 +493,9 @@ public func encodePeripheralValue(_ value: JSONValue, parser: (any GATTCharacter
     }
     do {
         let bytes = try parser.encode(reading)
-        guard bytes.count <= 512 else { return .failure(PeripheralValueError("\(bytes.count) octets is more than an attribute holds (512)")) }
+        guard bytes.count <= 512 else {
+            return .failure(PeripheralValueError("\(bytes.count) octets is more than an attribute holds (512)"))
+        }
         return .success(bytes)
     } catch {
         return .failure(PeripheralValueError("\(parser.name): \(error)"))

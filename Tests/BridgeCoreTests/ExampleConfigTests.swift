@@ -183,6 +183,33 @@ private func device(_ config: BridgeConfig, _ id: String) throws -> DeviceConfig
             ("devices[0]", "mqtt: {\(url)}\ndevices: [{\(address), zz_probe: 1}]"),
             ("devices[0].match", "mqtt: {\(url)}\ndevices: [{match: {address: \"A4:C1:38:12:34:56\", zz_probe: 1}}]"),
             ("devices[0].writable[0]", "mqtt: {\(url)}\ndevices: [{\(address), \(writable)}]"),
+            ("peripheral", "mqtt: {\(url)}\nperipheral: {zz_probe: 1}"),
+            ("peripheral.services[0]", "mqtt: {\(url)}\nperipheral: {services: [{uuid: 180F, zz_probe: 1}]}"),
+            (
+                "peripheral.services[0].characteristics[0]",
+                "mqtt: {\(url)}\nperipheral: {services: [{uuid: 180F, characteristics: [{uuid: 2A19, zz_probe: 1}]}]}"
+            ),
+            (
+                "peripheral.services[0].characteristics[0].source",
+                "mqtt: {\(url)}\nperipheral: {services: [{uuid: 180F, characteristics: [{uuid: 2A19, source: {topic: t, zz_probe: 1}}]}]}"
+            ),
+            (
+                "peripheral.services[0]",
+                "mqtt: {\(url)}\nperipheral: {services: [{preset: battery, level: t, zz_probe: 1}]}"
+            ),
+            (
+                "peripheral.services[0]",
+                "mqtt: {\(url)}\nperipheral: {services: [{preset: environmental_sensing, zz_probe: 1}]}"
+            ),
+            (
+                "peripheral.services[0]",
+                "mqtt: {\(url)}\nperipheral: {services: [{preset: device_information, zz_probe: 1}]}"
+            ),
+            ("peripheral.broadcast", "mqtt: {\(url)}\nperipheral: {broadcast: {zz_probe: 1}}"),
+            (
+                "peripheral.broadcast.values[0]",
+                "mqtt: {\(url)}\nperipheral: {broadcast: {values: [{field: temperature_c, source: t, zz_probe: 1}]}}"
+            ),
         ]
         var checked = 0
         for probe in probes {
@@ -209,6 +236,36 @@ private func device(_ config: BridgeConfig, _ id: String) throws -> DeviceConfig
     }
 
     /// The broken configuration under "check-config" in the README fails with exactly the lines shown there.
+    @Test func readmePeripheralExampleLoadsAndItsBroadcastErrorIsTheLoaders() throws {
+        let readme = try repositoryText("config/README.md")
+        let block = try #require(yamlBlocks(readme).first { $0.hasPrefix("peripheral:") }, "no peripheral example")
+        let c = try load("mqtt: {url: \"mqtt://127.0.0.1:1883\"}\n" + block, "the peripheral example")
+        let p = try #require(c.peripheral)
+        #expect(
+            p.services.map(\.name) == [
+                "environmental_sensing", "battery", "device_information", "bridge_status", "lamp",
+            ])
+        #expect(p.broadcast?.values.map(\.field) == ["temperature_c", "humidity_pct"])
+        do {
+            _ = try BridgeConfig.load(
+                text: """
+                    mqtt: {url: "mqtt://127.0.0.1:1883"}
+                    peripheral:
+                      broadcast:
+                        name: a-rather-long-name
+                        bind_key: 231d39c1d7cc1ab1aee224cd096db932
+                        values:
+                          - {field: temperature_c, source: t}
+                          - {field: humidity_pct, source: h}
+                          - {field: pressure_pa, source: p}
+                    """)
+            Issue.record("a broadcast of 46 octets was accepted")
+        } catch {
+            let line = try #require(error.errors.first?.description)
+            #expect(readme.contains("\n" + line + "\n"), "config/README.md does not show: \(line)")
+        }
+    }
+
     @Test func readmeErrorExampleIsWhatTheLoaderSays() throws {
         let readme = try repositoryText("config/README.md")
         let broken = try #require(

@@ -32,7 +32,8 @@ final class FakePeripheralHost: BLEPeripheralHost {
             await withTaskCancellationHandler {
                 let s = AsyncStream<Void> { _ in }
                 for await _ in s {}
-            } onCancel: {}
+            } onCancel: {
+            }
             host.state.withLock { $0.serverRunning = false }
         }
         func setValue(_ value: [UInt8], characteristic: String) {
@@ -49,7 +50,8 @@ final class FakePeripheralHost: BLEPeripheralHost {
             await withTaskCancellationHandler {
                 let s = AsyncStream<Void> { _ in }
                 for await _ in s {}
-            } onCancel: {}
+            } onCancel: {
+            }
             running.withLock { $0 = false }
         }
         func update(_ spec: LocalAdvertisementSpec) { specs.withLock { $0.append(spec) } }
@@ -57,7 +59,8 @@ final class FakePeripheralHost: BLEPeripheralHost {
     }
 
     func makeServer(
-        services: [LocalServiceSpec], adapter: String?, onWrite: @escaping @Sendable (LocalWrite) async -> LocalWriteError?,
+        services: [LocalServiceSpec], adapter: String?,
+        onWrite: @escaping @Sendable (LocalWrite) async -> LocalWriteError?,
         events: @escaping @Sendable (LocalPeripheralEvent) -> Void
     ) -> any LocalGATTServer {
         state.withLock {
@@ -83,7 +86,8 @@ final class FakePeripheralHost: BLEPeripheralHost {
     func write(_ id: String, _ bytes: [UInt8], withResponse: Bool = true) async -> LocalWriteError? {
         guard let w = state.withLock({ $0.onWrite }) else { return .notPermitted("no server") }
         return await w(
-            LocalWrite(characteristic: id, value: bytes, withResponse: withResponse, central: BLEAddress("11:22:33:44:55:66")))
+            LocalWrite(
+                characteristic: id, value: bytes, withResponse: withResponse, central: BLEAddress("11:22:33:44:55:66")))
     }
     func history(_ id: String) -> [[UInt8]] { state.withLock { $0.history[id] ?? [] } }
     var services: [LocalServiceSpec] { state.withLock { $0.services } }
@@ -218,13 +222,17 @@ let peripheralYAML = """
                 ])
         #expect(
             errors("  services: [{uuid: 181A, characteristics: [{uuid: 2A6E, source: \"home/+/t\"}]}]")
-                == ["peripheral.services[0].characteristics[0].source: \"home/+/t\" is not a topic to subscribe to (no wildcards)"])
+                == [
+                    "peripheral.services[0].characteristics[0].source: \"home/+/t\" is not a topic to subscribe to (no wildcards)"
+                ])
         #expect(
             errors("  services: [{uuid: 181A, characteristics: [{uuid: 2A6E, value: {temperature_c: 900}}]}]").first?
                 .hasPrefix("peripheral.services[0].characteristics[0].value: temperature: cannot encode") == true)
         #expect(
             errors("  services: [{uuid: 181A, characteristics: [{uuid: nonsense}]}]")
-                == ["peripheral.services[0].characteristics[0].uuid: \"nonsense\" is neither a characteristic UUID nor a parser name"])
+                == [
+                    "peripheral.services[0].characteristics[0].uuid: \"nonsense\" is neither a characteristic UUID nor a parser name"
+                ])
         #expect(errors("  {}") == ["peripheral: give 'services', 'broadcast' or both"])
         #expect(
             errors("  broadcast: {bind_key: abcd, values: [{field: temperature_c, source: t}]}")
@@ -319,7 +327,9 @@ let peripheralYAML = """
             let central = try address("11:22:33:44:55:66")
             host.emit(.centralConnected(central))
             host.emit(.subscribed(characteristic: "s0c0", central: central))
-            let sub = try await h.mqtt.waitForJSON(on: "blebridge/bridge/event") { $0["type"]?.string == "central_subscribed" }
+            let sub = try await h.mqtt.waitForJSON(on: "blebridge/bridge/event") {
+                $0["type"]?.string == "central_subscribed"
+            }
             #expect(sub["data"]?["characteristic"]?.string == "2A6E")
             #expect(sub["data"]?["service"]?.string == "181A")
             let info = try await h.mqtt.waitForJSON(on: "blebridge/bridge/info") {
@@ -331,8 +341,12 @@ let peripheralYAML = """
             #expect(services?[0]?["characteristics"]?[0]?["notifying"] == .bool(true))
             #expect(info["peripheral"]?["registered"] == .bool(true))
             host.emit(.centralDisconnected(central))
-            _ = try await h.mqtt.waitForJSON(on: "blebridge/bridge/event") { $0["type"]?.string == "central_disconnected" }
-            #expect(h.mqtt.messages(on: "blebridge/bridge/event").filter { $0.text.contains("central_connected") }.count == 1)
+            _ = try await h.mqtt.waitForJSON(on: "blebridge/bridge/event") {
+                $0["type"]?.string == "central_disconnected"
+            }
+            #expect(
+                h.mqtt.messages(on: "blebridge/bridge/event").filter { $0.text.contains("central_connected") }.count
+                    == 1)
         }
     }
 
@@ -376,7 +390,9 @@ let peripheralYAML = """
             }
             #expect(host.broadcasters.first?.specs.withLock { $0.count } == 1)
             h.clock.advance(by: .seconds(10))
-            try await eventually("updated after the interval") { host.broadcasters.first?.specs.withLock { $0.count } == 2 }
+            try await eventually("updated after the interval") {
+                host.broadcasters.first?.specs.withLock { $0.count } == 2
+            }
             let second = try #require(host.broadcasters.first?.current?.serviceData[BluetoothUUID(UInt16(0xFCD2))])
             let r2 = try BTHomeV2Parser().decode(
                 second, from: .serviceData(BluetoothUUID(UInt16(0xFCD2))), context: AdvertisementContext())
