@@ -58,6 +58,7 @@ let package = Package(
         .executableTarget(name: "bench-mqtt", dependencies: ["MQTT"]),
         .executableTarget(name: "bench-notify", dependencies: ["DBus"]),
         .executableTarget(name: "bench-bridge", dependencies: ["DBus"]),
+        .executableTarget(name: "bench-adverts", dependencies: ["BlueZ", "GATT"]),
         .executableTarget(name: "metrics-sample", dependencies: ["MetricsHTTP", "Logging"]),
 
         // Tests.

@@ -1,0 +1,144 @@
+// bench-adverts: the BlueZ layer's advertisement path as the bridge uses it, for bench/adverts.sh: a BlueZClient
+// mirror, one BlueZDiscovery with duplicate data, and every appeared/updated device decoded by the parser registry
+// (RuuviTag RAWv2, BTHome v2). Each event is recorded like bench/dbus-ref.c records a signal: CLOCK_MONOTONIC ns,
+// the device number (the address's last two octets) and the advertisement's sequence number, so the script can
+// count what each client received in the same window and what ours missed.
+//   bench-adverts --bus ADDRESS --out FILE     runs until SIGTERM/SIGINT, then writes FILE and exits
+import BlueZ
+import Dispatch
+import GATT
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+func say(_ text: String, to fd: Int32 = 1) {
+    var line = "bench-adverts: " + text + "\n"
+    _ = line.withUTF8 { write(fd, $0.baseAddress, $0.count) }
+}
+
+func fail(_ text: String) -> Never {
+    say(text, to: 2)
+    exit(1)
+}
+
+var address: String?
+var out: String?
+var arguments = CommandLine.arguments.dropFirst()
+while let a = arguments.popFirst() {
+    guard let v = arguments.popFirst() else { fail("\(a) needs a value") }
+    switch a {
+    case "--bus": address = v
+    case "--out": out = v
+    default: fail("unknown option \(a) (options: --bus ADDRESS --out FILE)")
+    }
+}
+guard let address, let out else { fail("--bus ADDRESS and --out FILE are required") }
+
+/// Records, written by the event loop and read by the signal handler after it stopped; one writer at a time.
+final class Recorder: @unchecked Sendable {
+    var t: [Int64] = []
+    var device: [Int32] = []
+    var key: [Int32] = []
+    var decoded = 0
+    var errors = 0
+    init() {
+        t.reserveCapacity(1 << 21)
+        device.reserveCapacity(1 << 21)
+        key.reserveCapacity(1 << 21)
+    }
+}
+let recorder = Recorder()
+let lock = NSLockLike()
+
+/// A pthread mutex, so the signal handler's queue and the event loop never touch the records at once.
+final class NSLockLike: @unchecked Sendable {
+    var m = pthread_mutex_t()
+    init() { pthread_mutex_init(&m, nil) }
+    func with<T>(_ body: () -> T) -> T {
+        pthread_mutex_lock(&m)
+        defer { pthread_mutex_unlock(&m) }
+        return body()
+    }
+}
+
+func nowNS() -> Int64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
+}
+
+/// The last two octets of `AA:BB:CC:DD:EE:FF` as a number (0xEEFF), like dbus-ref reads them from the path.
+func deviceNumber(_ address: String) -> Int32 {
+    let parts = address.split(separator: ":")
+    guard parts.count == 6, let hi = UInt8(parts[4], radix: 16), let lo = UInt8(parts[5], radix: 16) else { return -1 }
+    return Int32(hi) << 8 | Int32(lo)
+}
+
+signal(SIGTERM, SIG_IGN)
+signal(SIGINT, SIG_IGN)
+let stopSources = [SIGTERM, SIGINT].map { number -> any DispatchSourceSignal in
+    let source = DispatchSource.makeSignalSource(signal: number, queue: .main)
+    source.setEventHandler {
+        lock.with {
+            guard let f = fopen(out, "w") else { fail("cannot write \(out)") }
+            for i in recorder.t.indices {
+                fputs("d \(recorder.t[i]) \(recorder.device[i]) \(recorder.key[i])\n", f)
+            }
+            fclose(f)
+            say("\(recorder.t.count) events, \(recorder.decoded) decoded, \(recorder.errors) rejected")
+        }
+        exit(0)
+    }
+    source.resume()
+    return source
+}
+
+let registry: GATTParserRegistry
+do { registry = try GATTParserRegistry.builtIn() } catch { fail("registry: \(error)") }
+let ruuvi = AdvertisementSource.manufacturer(0x0499)
+let bthome = AdvertisementSource.serviceData(BluetoothUUID(UInt16(0xFCD2)))
+
+do {
+    let client = try BlueZClient(bus: .address(address))
+    try await client.start()
+    guard let adapter = client.adapters.first else { fail("no adapter") }
+    let discovery = try await client.startDiscovery(
+        on: adapter, filter: BlueZDiscoveryFilter(duplicateData: true))
+    say("ready")
+    for await event in discovery.events {
+        let d: BlueZDevice
+        switch event {
+        case .appeared(let x), .updated(let x): d = x
+        case .lost: continue
+        }
+        let t = nowNS()
+        var key: Int32 = -1
+        if let payload = d.manufacturerData[0x0499] {
+            // As the bridge does: decode with the registry; the sequence is the decoded measurement_sequence.
+            do {
+                let r = try registry.decode(ruuvi, payload, context: AdvertisementContext(mac: d.address))
+                if case .int(let s)? = r["measurement_sequence"] { key = Int32(truncatingIfNeeded: s) }
+                lock.with { recorder.decoded += 1 }
+            } catch {
+                lock.with { recorder.errors += 1 }
+            }
+        } else if let payload = d.serviceData.first(where: { $0.key.lowercased().hasPrefix("0000fcd2") })?.value {
+            do {
+                let r = try registry.decode(bthome, payload, context: AdvertisementContext(mac: d.address))
+                if case .int(let s)? = r["packet_id"] { key = Int32(truncatingIfNeeded: s) }
+                lock.with { recorder.decoded += 1 }
+            } catch {
+                lock.with { recorder.errors += 1 }
+            }
+        }
+        let n = deviceNumber(d.address)
+        lock.with {
+            recorder.t.append(t)
+            recorder.device.append(n)
+            recorder.key.append(key)
+        }
+    }
+} catch {
+    fail("\(error)")
+}
