@@ -529,6 +529,43 @@ public final class PeripheralService: Sendable {
 
     // MARK: Info
 
+    /// What metrics and health show: registration, advertising, centrals, counters.
+    public struct Snapshot: Sendable, Equatable {
+        /// Registered with bluetoothd.
+        public var registered: Bool
+        /// The connectable advertisement is on the air.
+        public var advertising: Bool
+        /// The BTHome broadcast is on the air.
+        public var broadcasting: Bool
+        /// Centrals connected.
+        public var centrals: Int
+        /// Characteristics with notifications or indications on.
+        public var notifying: Int
+        /// The counters.
+        public var counters: Counters
+    }
+
+    /// The state now.
+    public var snapshot: Snapshot {
+        state.withLock {
+            Snapshot(
+                registered: $0.registeredOn != nil, advertising: $0.advertising, broadcasting: $0.broadcasting,
+                centrals: $0.centrals.count, notifying: $0.subscribed.count, counters: $0.counters)
+        }
+    }
+
+    /// `bridge/health`'s `peripheral` object.
+    var healthJSON: JSONValue {
+        let s = snapshot
+        return .object([
+            ("registered", .bool(s.registered)), ("advertising", .bool(s.advertising)),
+            ("broadcasting", .bool(s.broadcasting)), ("centrals", .int(Int64(s.centrals))),
+            ("notifying", .int(Int64(s.notifying))), ("values_set", .int(Int64(s.counters.valuesSet))),
+            ("encode_errors", .int(Int64(s.counters.encodeErrors))), ("writes", .int(Int64(s.counters.writes))),
+            ("write_errors", .int(Int64(s.counters.writeErrors))), ("broadcasts", .int(Int64(s.counters.broadcasts))),
+        ])
+    }
+
     /// `bridge/info`'s `peripheral` object: services, centrals, advertising state, counters.
     public var info: JSONValue {
         let s = state.withLock { $0 }

@@ -328,6 +328,6 @@ extension Bridge {
                     ),
                 ])
             ),
-        ]
+        ] + (peripheral.map { [("peripheral", $0.healthJSON)] } ?? [])
     }
 }

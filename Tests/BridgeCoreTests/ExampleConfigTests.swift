@@ -155,6 +155,10 @@ private func device(_ config: BridgeConfig, _ id: String) throws -> DeviceConfig
         #expect(echo.map(\.parserName) == ["nus_rx"])
         // A utf8 field is written as text.
         #expect(echo.map(\.platform) == ["text"])
+        let p = try #require(c.peripheral)
+        #expect(p.services.map(\.name) == ["environmental_sensing", "notes"])
+        #expect(p.services[1].characteristics.first?.parserName == "nus_rx")
+        #expect(p.services[1].characteristics.first?.sink == "demo/from_central")
     }
 
     /// Every key the loader accepts, section by section, read from its own "unknown key" errors.

@@ -340,6 +340,10 @@ let peripheralYAML = """
             #expect(services?[0]?["uuid"]?.string == "181A")
             #expect(services?[0]?["characteristics"]?[0]?["notifying"] == .bool(true))
             #expect(info["peripheral"]?["registered"] == .bool(true))
+            let health = try await h.request("health_check")
+            #expect(health["data"]?["peripheral"]?["centrals"] == .int(1))
+            #expect(health["data"]?["peripheral"]?["notifying"] == .int(1))
+            #expect(health["data"]?["peripheral"]?["registered"] == .bool(true))
             host.emit(.centralDisconnected(central))
             _ = try await h.mqtt.waitForJSON(on: "blebridge/bridge/event") {
                 $0["type"]?.string == "central_disconnected"
