@@ -32,6 +32,8 @@ public final class BlueZClient: Sendable {
     public let bus: BlueZBus
     /// The logger given at creation.
     public let logger: BlueZLogger
+    let capacity = Atomic<Int>(65536)
+    let resyncCount = Atomic<Int>(0)
     /// The client's current bus connection (replaced when the bus comes back after being lost).
     var connection: DBusConnection { core.withLock { $0.connection } }
 
@@ -236,6 +238,59 @@ public final class BlueZClient: Sendable {
     }
 
     fileprivate var isClosed: Bool { core.withLock { $0.closed } }
+
+    /// How many of bluetoothd's signals may wait for the mirror; beyond that they are dropped and the mirror
+    /// resynchronises from GetManagedObjects. Set before `start()`.
+    public var signalBufferCapacity: Int {
+        get { capacity.load(ordering: .relaxed) }
+        set { capacity.store(max(1, newValue), ordering: .relaxed) }
+    }
+
+    /// Times the mirror resynchronised after dropped signals.
+    public var resynchronisations: Int { resyncCount.load(ordering: .relaxed) }
+
+    /// Replaces the mirror with a fresh GetManagedObjects and tells subscribers the difference, as if the dropped
+    /// signals had arrived: removals (children first), additions (parents first), then changed properties.
+    fileprivate func resync(_ reply: [DBusValue]) {
+        let result = core.withLock {
+            core -> ([BlueZTreeEvent], BlueZObjectTree, [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void]) in
+            let old = core.tree.objects
+            var fresh = BlueZObjectTree()
+            fresh.load(managedObjects: reply.first ?? .array("a{oa{sa{sv}}}", []))
+            let new = fresh.objects
+            var removed: [BlueZTreeEvent] = []
+            var added: [BlueZTreeEvent] = []
+            var changed: [BlueZTreeEvent] = []
+            for (path, before) in old.sorted(by: { $0.key > $1.key }) {
+                guard let after = new[path] else {
+                    removed.append(.interfacesRemoved(path: path, interfaces: Array(before.keys), previous: before))
+                    continue
+                }
+                let gone = before.keys.filter { after[$0] == nil }
+                if !gone.isEmpty { removed.append(.interfacesRemoved(path: path, interfaces: gone, previous: before)) }
+            }
+            for (path, after) in new.sorted(by: { $0.key < $1.key }) {
+                let before = old[path] ?? [:]
+                let fresh = after.filter { before[$0.key] == nil }
+                if !fresh.isEmpty { added.append(.interfacesAdded(path: path, interfaces: fresh)) }
+                for (interface, properties) in after.sorted(by: { $0.key < $1.key }) {
+                    guard let previous = before[interface] else { continue }
+                    let delta = properties.filter { previous[$0.key] != $0.value }
+                    let invalidated = previous.keys.filter { properties[$0] == nil }.sorted()
+                    if !delta.isEmpty || !invalidated.isEmpty {
+                        changed.append(
+                            .propertiesChanged(
+                                path: path, interface: interface, changed: delta, invalidated: invalidated))
+                    }
+                }
+            }
+            core.tree = fresh
+            return (removed + added + changed, core.tree, Array(core.subscribers.values))
+        }
+        let (events, tree, handlers) = result
+        logger.info("mirror resynchronised: \(events.count) change(s) applied")
+        for e in events { for h in handlers { h(e, tree) } }
+    }
 
     fileprivate func dispatch(_ message: DBusMessage) {
         let result = core.withLock {
@@ -567,7 +622,9 @@ enum BlueZClientPump {
         var subscribed: DBusSignalStream?
         while subscribed == nil, !Task.isCancelled, connection.isConnected {
             do {
-                subscribed = try await connection.signals(matching: DBusMatchRule(type: .signal, sender: owner))
+                subscribed = try await connection.signals(
+                    matching: DBusMatchRule(type: .signal, sender: owner),
+                    capacity: box.value?.signalBufferCapacity ?? 65536)
             } catch {
                 box.value?.logger.warning("cannot add a match rule for bluetoothd's signals: \(error); retrying")
                 await nap(backoff.take())
@@ -603,9 +660,33 @@ enum BlueZClientPump {
                 await nap(backoff.take())
             }
         }
+        var dropped = 0
+        var snapshotSerial: UInt32?
         for await message in stream {
             if Task.isCancelled { break }
             guard let client = box.value else { return }
+            if stream.droppedCount != dropped {
+                // Signals were dropped while the mirror fell behind: what they said is lost, so take the whole
+                // tree again and apply the difference. Signals still queued from before the snapshot are older
+                // than it (bluetoothd numbers its messages in order) and are skipped.
+                dropped = stream.droppedCount
+                client.resyncCount.add(1, ordering: .relaxed)
+                client.logger.warning(
+                    "bluetoothd's signals came faster than the mirror applied them: \(dropped) dropped so far; "
+                        + "resynchronising from GetManagedObjects")
+                let call = DBusMessage.methodCall(
+                    destination: owner, path: "/", interface: BlueZName.objectManager, method: "GetManagedObjects",
+                    body: [])
+                if let reply = try? await connection.call(call, timeout: .seconds(10)) {
+                    client.resync(reply.body)
+                    snapshotSerial = reply.serial
+                }
+            }
+            if let snapshot = snapshotSerial, message.serial != 0 {
+                // Wrap-aware: older than the snapshot's reply.
+                if Int32(bitPattern: message.serial &- snapshot) < 0 { continue }
+                snapshotSerial = nil
+            }
             client.dispatch(message)
         }
     }

@@ -48,13 +48,18 @@ public struct BlueZDiscoveryFilter: Sendable, Hashable {
     /// Restart discovery when no advertisement was seen for this long, or when the adapter stopped discovering.
     /// Nil disables the watchdog.
     public var watchdogInterval: Duration?
+    /// How many events may wait for a consumer that falls behind; beyond that they are dropped (counted in
+    /// `BlueZDiscovery.droppedEvents`, logged), and the consumer then gets the current devices from the tree
+    /// (`lost` for the ones gone) instead, so it never misses a state change for good.
+    public var eventCapacity: Int
 
     /// A filter; the defaults scan everything over LE, actively, with BlueZ's duplicate suppression.
     public init(
         serviceUUIDs: [String] = [], rssiThreshold: Int16? = nil, duplicateData: Bool = false,
         transport: BlueZTransport = .le, passive: Bool = false, patterns: [BlueZAdvertisementPattern] = [],
-        watchdogInterval: Duration? = .seconds(120)
+        watchdogInterval: Duration? = .seconds(120), eventCapacity: Int = 4096
     ) {
+        self.eventCapacity = eventCapacity
         self.serviceUUIDs = serviceUUIDs
         self.rssiThreshold = rssiThreshold
         self.duplicateData = duplicateData
@@ -137,17 +142,26 @@ public enum BlueZScanMode: String, Sendable, Hashable {
 public struct BlueZDiscoveryEvents: AsyncSequence, Sendable {
     /// The element type.
     public typealias Element = BlueZDiscoveryEvent
-    let base: AsyncStream<BlueZDiscoveryEvent>
+    let base: ResyncingBuffer<BlueZDiscoveryEvent>
 
     /// Iterates the events in order.
     public struct AsyncIterator: AsyncIteratorProtocol {
-        var base: AsyncStream<BlueZDiscoveryEvent>.AsyncIterator
+        let base: ResyncingBuffer<BlueZDiscoveryEvent>
         /// The next element, or nil at the end.
         public mutating func next() async -> BlueZDiscoveryEvent? { await base.next() }
     }
 
     /// Returns an iterator; iterate once.
-    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(base: base.makeAsyncIterator()) }
+    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(base: base) }
+}
+
+/// Lets the event buffer ask its discovery for the current state without keeping it alive.
+final class WeakDiscovery: Sendable {
+    struct Box {
+        weak var discovery: BlueZDiscovery?
+    }
+    let box = Mutex(Box())
+    var value: BlueZDiscovery? { box.withLock { $0.discovery } }
 }
 
 let advertisementKeys: Set<String> = [
@@ -178,7 +192,9 @@ public final class BlueZDiscovery: Sendable {
 
     let client: BlueZClient
     let connection: DBusConnection
-    let continuation: AsyncStream<BlueZDiscoveryEvent>.Continuation
+    let continuation: ResyncingBuffer<BlueZDiscoveryEvent>
+    /// What the consumer has been told: devices it got `appeared` for and no `lost` since (consumer order).
+    let delivered = Mutex<[String: BlueZDevice]>([:])
     let monitorRoot: DBusObjectPath
     let server: DBusObjectServer?
 
@@ -217,13 +233,24 @@ public final class BlueZDiscovery: Sendable {
         self.fallbackReason = fallbackReason
         self.connection = connection
         state = Mutex(State(adapter: adapter))
-        let (stream, continuation) = AsyncStream<BlueZDiscoveryEvent>.makeStream(
-            bufferingPolicy: .bufferingNewest(4096))
-        self.events = BlueZDiscoveryEvents(base: stream)
-        self.continuation = continuation
+        let box = WeakDiscovery()
+        let name = adapter.name
+        let logger = client.logger
+        let buffer = ResyncingBuffer<BlueZDiscoveryEvent>(
+            capacity: filter.eventCapacity,
+            resync: { box.value?.resyncEvents() ?? [] },
+            normalize: { event in box.value?.normalize(event) ?? event },
+            onOverflow: { dropped in
+                logger.warning(
+                    "discovery on \(name): the consumer fell behind; \(dropped) event(s) dropped so far (buffer "
+                        + "\(filter.eventCapacity)); it gets the current devices from BlueZ's tree once it catches up")
+            })
+        self.events = BlueZDiscoveryEvents(base: buffer)
+        self.continuation = buffer
         let suffix = connection.uniqueName.filter { $0.isNumber || $0.isLetter }
         monitorRoot = DBusObjectPath(stringLiteral: "/io/blebridge/monitor\(suffix)")
         server = mode == .passive ? DBusObjectServer(connection: connection, objectManagerPath: monitorRoot) : nil
+        box.box.withLock { $0.discovery = self }
     }
 
     deinit {
@@ -597,6 +624,37 @@ public final class BlueZDiscovery: Sendable {
             return .appeared(device)
         }
         if let event { continuation.yield(event) }
+    }
+
+    /// Events dropped because the consumer fell behind (it got the current devices instead).
+    public var droppedEvents: Int { continuation.droppedCount }
+
+    /// Keeps the consumer's view consistent: `appeared` once per device, `lost` only for a device it knows.
+    func normalize(_ event: BlueZDiscoveryEvent) -> BlueZDiscoveryEvent? {
+        delivered.withLock { known in
+            switch event {
+            case .appeared(let d), .updated(let d):
+                let seen = known.updateValue(d, forKey: d.path) != nil
+                return seen ? .updated(d) : .appeared(d)
+            case .lost(let d):
+                return known.removeValue(forKey: d.path) != nil ? .lost(d) : nil
+            }
+        }
+    }
+
+    /// After an overflow: `lost` for every device the consumer knows that is gone, then every reported device as
+    /// it is now in the tree (normalised to `appeared` for the ones the consumer never got).
+    func resyncEvents() -> [BlueZDiscoveryEvent] {
+        let (reported, held) = state.withLock { ($0.reported, $0.held) }
+        let known = delivered.withLock { $0 }
+        var out: [BlueZDiscoveryEvent] = []
+        for (path, d) in known.sorted(by: { $0.key < $1.key }) where reported[path] == nil && held[path] == nil {
+            out.append(.lost(d))
+        }
+        for (path, d) in reported.sorted(by: { $0.key < $1.key }) {
+            out.append(.updated(client.tree.device(at: path) ?? d))
+        }
+        return out
     }
 
     // MARK: passive scanning

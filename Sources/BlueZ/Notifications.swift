@@ -18,6 +18,10 @@ public struct BlueZNotifications: AsyncSequence, Sendable {
     /// The element type.
     public typealias Element = [UInt8]
     let base: AsyncThrowingStream<[UInt8], any Error>
+    let drops: DropCounter
+
+    /// Values dropped because the consumer fell more than 4096 behind (the oldest went first; logged).
+    public var droppedValues: Int { drops.value.load(ordering: .relaxed) }
 
     /// Iterates the events in order.
     public struct AsyncIterator: AsyncIteratorProtocol {
@@ -32,6 +36,11 @@ public struct BlueZNotifications: AsyncSequence, Sendable {
     /// The values as a plain stream, to hand on without a task of one's own that relays them (each relay is a
     /// wake-up and a copy per notification). Iterate either this or the sequence itself, once.
     public var stream: AsyncThrowingStream<[UInt8], any Error> { base }
+}
+
+/// Counts values a full notification buffer dropped.
+final class DropCounter: Sendable {
+    let value = Atomic<Int>(0)
 }
 
 final class NotifySession: Sendable {
@@ -66,7 +75,7 @@ final class NotifySession: Sendable {
         self.label = peripheral.label
         let (stream, continuation) = AsyncThrowingStream<[UInt8], any Error>.makeStream(
             bufferingPolicy: .bufferingNewest(4096))
-        self.stream = BlueZNotifications(base: stream)
+        self.stream = BlueZNotifications(base: stream, drops: drops)
         self.continuation = continuation
         continuation.onTermination = { [weak self] termination in
             guard let self, case .cancelled = termination else { return }
@@ -96,7 +105,22 @@ final class NotifySession: Sendable {
     /// A value from PropertiesChanged(Value) (StartNotify mode).
     func deliver(_ value: [UInt8]) {
         let live = state.withLock { $0.startNotify && !$0.ended }
-        if live { continuation.yield(value) }
+        if live { yield(value) }
+    }
+
+    private let drops = DropCounter()
+
+    /// Queues a value; when the buffer is full the oldest value is dropped, counted, and the first drop of the
+    /// stream is logged (a notification is a value, not a state change: there is nothing to resynchronise).
+    private func yield(_ value: [UInt8]) {
+        if case .dropped = continuation.yield(value) {
+            let n = drops.value.add(1, ordering: .relaxed).newValue
+            if n == 1 || n % 10000 == 0 {
+                peripheral?.client.logger.warning(
+                    "\(label): notifications of \(characteristic.uuid) arrive faster than they are consumed; \(n) "
+                        + "dropped so far (the oldest of 4096 queued)")
+            }
+        }
     }
 
     func markStarted() { state.withLock { $0.startNotify = true } }
@@ -148,11 +172,11 @@ final class NotifySession: Sendable {
         while true {
             let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
             if n > 0 {
-                self.continuation.yield(Array(buffer[0..<n]))
+                self.yield(Array(buffer[0..<n]))
                 continue
             }
             if n == 0, !Self.isShutDown(fd) || Self.bytesQueued(fd) > 0 {
-                self.continuation.yield([])
+                self.yield([])
                 continue
             }
             if n < 0 {

@@ -254,8 +254,16 @@ public final class DBusConnection: Sendable {
     ///
     /// With a well-known `sender` (such as `org.bluez`) the connection also follows that name's owner, so that
     /// signals the bus delivered for another rule of this connection are not routed to this stream.
-    public func signals(matching rule: DBusMatchRule) async throws(DBusError) -> DBusSignalStream {
-        let (stream, continuation) = AsyncStream<DBusMessage>.makeStream(bufferingPolicy: .unbounded)
+    ///
+    /// At most `capacity` signals wait for a consumer that falls behind; further ones are dropped and counted
+    /// (`DBusSignalStream.droppedCount`), so a stalled consumer cannot grow memory without limit. A consumer that
+    /// mirrors state should resynchronise when the count moves.
+    public func signals(matching rule: DBusMatchRule, capacity: Int = 65536) async throws(DBusError)
+        -> DBusSignalStream
+    {
+        let (stream, continuation) = AsyncStream<DBusMessage>.makeStream(
+            bufferingPolicy: .bufferingOldest(max(1, capacity)))
+        let drops = SignalDropCounter()
         var tracker: OwnerTracker? = nil
         if let sender = rule.sender, !sender.hasPrefix(":"), sender != "org.freedesktop.DBus" {
             try Names.busName(sender)
@@ -265,7 +273,7 @@ public final class DBusConnection: Sendable {
             rule: rule,
             deliver: { [tracker] message in
                 if let tracker, !tracker.accepts(message.sender) { return }
-                continuation.yield(message)
+                if case .dropped = continuation.yield(message) { drops.count.add(1, ordering: .relaxed) }
             }, finish: { continuation.finish() })
         guard let id = core.addSubscription(subscription) else {
             throw DBusError(name: DBusError.disconnected, message: "the D-Bus connection is closed")
@@ -284,7 +292,8 @@ public final class DBusConnection: Sendable {
             continuation.finish()
             throw error
         }
-        return DBusSignalStream(stream: stream, lifetime: SubscriptionLifetime { continuation.finish() })
+        return DBusSignalStream(
+            stream: stream, lifetime: SubscriptionLifetime { continuation.finish() }, drops: drops)
     }
 
     /// Keeps `tracker` up to date with the owner of `name` (NameOwnerChanged, then GetNameOwner).
@@ -442,6 +451,10 @@ public struct DBusSignalStream: AsyncSequence, Sendable {
     public typealias Element = DBusMessage
     let stream: AsyncStream<DBusMessage>
     let lifetime: SubscriptionLifetime
+    let drops: SignalDropCounter
+
+    /// Signals dropped because `capacity` of them were already waiting.
+    public var droppedCount: Int { drops.count.load(ordering: .relaxed) }
 
     /// The iterator.
     public struct AsyncIterator: AsyncIteratorProtocol {
@@ -455,6 +468,11 @@ public struct DBusSignalStream: AsyncSequence, Sendable {
     public func makeAsyncIterator() -> AsyncIterator {
         AsyncIterator(base: stream.makeAsyncIterator(), lifetime: lifetime)
     }
+}
+
+/// Counts the signals a full stream dropped.
+final class SignalDropCounter: Sendable {
+    let count = Atomic<Int>(0)
 }
 
 /// The owner of a well-known name as last seen on the I/O thread; unknown until the first answer.

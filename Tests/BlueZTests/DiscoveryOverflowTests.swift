@@ -1,0 +1,150 @@
+// A discovery whose consumer falls behind: its events are bounded, the overflow is counted and logged, and the
+// consumer then gets the current devices from the tree, including `lost` for a device removed while its own `lost`
+// event was dropped.
+import DBus
+import Synchronization
+import TestSupport
+import Testing
+
+@testable import BlueZ
+
+@Suite struct ResyncingBufferTests {
+    @Test func aFullBufferDropsCountsAndThenResynchronises() async throws {
+        let snapshot = Mutex([100, 101])
+        let overflows = Mutex<[Int]>([])
+        let buffer = ResyncingBuffer<Int>(
+            capacity: 3, resync: { snapshot.withLock { $0 } }, onOverflow: { n in overflows.withLock { $0.append(n) } })
+        for i in 0..<10 { buffer.push(i) }
+        #expect(buffer.droppedCount == 7)
+        #expect(buffer.peakCount == 3)
+        #expect(overflows.withLock { $0 } == [1], "one log line per overflow, not one per dropped event")
+        var got: [Int] = []
+        for _ in 0..<5 { if let v = await buffer.next() { got.append(v) } }
+        // What was queued, then the current state in place of what was dropped.
+        #expect(got == [0, 1, 2, 100, 101])
+        // Caught up: new events flow again, handed straight to a waiting consumer.
+        let waiter = Task { await buffer.next() }
+        while !Task.isCancelled {
+            buffer.push(7)
+            break
+        }
+        #expect(await waiter.value == 7)
+        buffer.push(8)
+        buffer.finish()
+        #expect(await buffer.next() == 8)
+        #expect(await buffer.next() == nil)
+    }
+
+    @Test func aCancelledWaitReturnsNilAndDropsItsWaiter() async throws {
+        let buffer = ResyncingBuffer<Int>(capacity: 4, resync: { [] })
+        let waiter = Task { await buffer.next() }
+        waiter.cancel()
+        #expect(await waiter.value == nil)
+        buffer.push(1)
+        #expect(await buffer.next() == 1, "the event went to the queue, not to the cancelled waiter")
+    }
+
+    @Test func normaliseSkipsWhatTheConsumerNeedNotSee() async throws {
+        let buffer = ResyncingBuffer<Int>(capacity: 8, resync: { [] }, normalize: { $0 % 2 == 0 ? $0 : nil })
+        for i in 0..<5 { buffer.push(i) }
+        buffer.finish()
+        var got: [Int] = []
+        while let v = await buffer.next() { got.append(v) }
+        #expect(got == [0, 2, 4])
+    }
+}
+
+let fastBeacons = ["C0:FF:EE:00:01:01", "C0:FF:EE:00:01:02", "C0:FF:EE:00:01:03"]
+
+@Suite struct DiscoveryOverflowTests {
+    @Test func aSlowConsumerIsToldOfADeviceLostWhileItsEventsWereDropped() async throws {
+        let scenario = """
+            settings: {temporary_timeout: 30}
+            adapters: [{id: hci0, address: "00:1A:7D:DA:71:10"}]
+            peripherals:
+            """
+            + fastBeacons.map {
+                "\n  - {address: \"\($0)\", connectable: false, rssi: -60, rssi_jitter: 8, "
+                    + "advertising_interval: 0.02, service_uuids: [FEAA]}"
+            }.joined()
+        let t = try await SimClient(scenario)
+        let discovery = try await t.client.startDiscovery(
+            on: try await t.adapter,
+            filter: BlueZDiscoveryFilter(duplicateData: true, watchdogInterval: nil, eventCapacity: 8))
+        // Nobody reads: the buffer fills and events are dropped (counted), memory stays bounded.
+        try await eventually(10, "events dropped") { discovery.droppedEvents > 20 }
+        // A device goes away while its `lost` cannot be queued.
+        let gone = fastBeacons[1]
+        _ = try await t.simulator("RemovePeripheral", [.string(gone)])
+        try await eventually(10, "the device out of the tree") { t.client.device(address: gone) == nil }
+        #expect(discovery.continuation.peakCount <= 8)
+        // The consumer catches up: the queued events, then the current devices and the lost one.
+        var story: [String: [String]] = [:]
+        var iterator = discovery.events.makeAsyncIterator()
+        let deadline = ContinuousClock.now + .seconds(20)
+        while ContinuousClock.now < deadline, story[gone]?.last != "lost" {
+            guard let e = await iterator.next() else { break }
+            let word: String
+            switch e {
+            case .appeared: word = "appeared"
+            case .updated: word = "updated"
+            case .lost: word = "lost"
+            }
+            story[e.device.address, default: []].append(word)
+        }
+        #expect(story[gone]?.last == "lost", "the removed device was never reported lost: \(story[gone] ?? [])")
+        for address in fastBeacons {
+            let s = story[address] ?? []
+            #expect(s.filter { $0 == "appeared" }.count <= 1, "\(address) appeared twice: \(s)")
+            #expect(s.first != "updated" && s.first != "lost", "\(address) began with \(s.first ?? "-")")
+        }
+        await discovery.stop()
+    }
+}
+
+@Suite struct NotificationOverflowTests {
+    @Test func aConsumerThatFallsBehindKeepsTheNewestValuesAndTheDropsAreCounted() async throws {
+        let t = try await SimClient()
+        let p = try await t.connect()
+        // StartNotify: every value is a signal the client takes off the bus, whether the consumer reads or not.
+        let values = try await p.notifications(for: try p.characteristic("2A37"), preferAcquire: false)
+        // 6000 notifications while nobody reads: 4096 wait, the oldest 1904 are dropped and counted.
+        let count: UInt32 = 6000
+        let sent = try await t.simulator("Burst", [.string(strap), .string("2A37"), .uint32(count)])
+        #expect(sent.first?.uint32 == count)
+        try await eventually(10, "values dropped") { values.droppedValues == Int(count) - 4096 }
+        let received = try await within(10, "the queued values") {
+            var seen: [UInt32] = []
+            for try await v in values {
+                guard v.count == 4 else { continue }
+                seen.append(UInt32(v[0]) | UInt32(v[1]) << 8 | UInt32(v[2]) << 16 | UInt32(v[3]) << 24)
+                if seen.last == count - 1 { break }
+            }
+            return seen
+        }
+        #expect(received == Array((count - 4096)..<count), "the newest 4096, in order")
+        await p.disconnect()
+    }
+}
+
+@Suite struct MirrorOverflowTests {
+    @Test func droppedSignalsMakeTheMirrorResynchroniseFromGetManagedObjects() async throws {
+        // A signal buffer of 2: a burst of notifications is far more than the mirror can take at once.
+        let t = try await SimClient(signalCapacity: 2)
+        let p = try await t.connect()
+        let characteristic = try p.characteristic("2A37")
+        let values = try await p.notifications(for: characteristic, preferAcquire: false)
+        _ = values
+        let count: UInt32 = 20000
+        _ = try await t.simulator("Burst", [.string(strap), .string("2A37"), .uint32(count)])
+        // While the burst is still being signalled, a device goes away and another changes.
+        _ = try await t.simulator("RemovePeripheral", [.string(beacon)])
+        try await eventually(20, "signals dropped and the mirror resynchronised") { t.client.resynchronisations >= 1 }
+        // Whatever was dropped, the mirror ends where bluetoothd is: the beacon gone, the last value in place.
+        let last: [UInt8] = [UInt8((count - 1) & 0xFF), UInt8(((count - 1) >> 8) & 0xFF), 0, 0]
+        try await eventually(20, "the mirror consistent with the simulator") {
+            t.client.device(address: beacon) == nil && p.refreshed(characteristic)?.value == last
+        }
+        await p.disconnect()
+    }
+}
