@@ -226,6 +226,7 @@ extension BlueZSimulator {
         monitorApps.removeAll { $0.owner == name }
         monitors.removeAll { $0.owner == name }
         if before != monitors.count { count("monitors_dropped") }
+        localClientLeft(name)
     }
 
     // MARK: AdvertisementMonitor
