@@ -30,7 +30,9 @@ extension BlueZSimulator {
         guard mine.count + pending.count < Self.maxAdvertisements else {
             return call.reply.fail(Self.bluezError("NotPermitted", "Maximum advertisements reached"))
         }
-        guard let connection else { return call.reply.fail(Self.bluezError("Failed", "Failed to register advertisement")) }
+        guard let connection else {
+            return call.reply.fail(Self.bluezError("Failed", "Failed to register advertisement"))
+        }
         pendingAds.append((sender, path, id))
         let epoch = self.epoch
         Task { [weak self] in

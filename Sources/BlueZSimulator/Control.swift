@@ -470,7 +470,7 @@ extension BlueZSimulator {
         all["monitors"] = monitors.count
         all["discovery_sessions"] = adapters.reduce(0) { $0 + $1.sessions.count }
         all["local_apps"] = localApps.count
-        all["advertisements"] = advertisements.count
+        all["local_advertisements"] = advertisements.count
         all["centrals_connected"] = centrals.filter(\.connected).count
         call.reply.succeed([.stringVariantDictionary(all.keys.sorted().map { ($0, .int64(Int64(all[$0] ?? 0))) })])
     }

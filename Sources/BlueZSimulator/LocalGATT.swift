@@ -221,7 +221,10 @@ extension BlueZSimulator {
 
     func unregisterApplication(_ call: DBusMethodCall) {
         guard let root = call.arguments.first?.objectPath else { return call.reply.fail(Self.invalidArguments) }
-        guard let app = localApps.first(where: { $0.owner == call.sender && $0.path == root && $0.adapterID == adapterID(call.path) })
+        guard
+            let app = localApps.first(where: {
+                $0.owner == call.sender && $0.path == root && $0.adapterID == adapterID(call.path)
+            })
         else { return call.reply.fail(Self.doesNotExist) }
         removeApp(app)
         call.reply.succeed()
@@ -424,7 +427,8 @@ extension BlueZSimulator {
             }
         }
         call.reply.fail(
-            Self.controlFailure("DoesNotExist", "No local characteristic or descriptor \(uuid) on \(central.adapterID)"))
+            Self.controlFailure("DoesNotExist", "No local characteristic or descriptor \(uuid) on \(central.adapterID)")
+        )
         return nil
     }
 
@@ -436,8 +440,10 @@ extension BlueZSimulator {
         }
         let (app, path, interface, permissions): (SimLocalApp, DBusObjectPath, String, SimATTPermissions)
         switch attribute {
-        case .characteristic(let a, let c): (app, path, interface, permissions) = (a, c.path, Self.characteristicInterfaceName, c.permissions)
-        case .descriptor(let a, _, let d): (app, path, interface, permissions) = (a, d.path, Self.gattDescriptorInterface, d.permissions)
+        case .characteristic(let a, let c):
+            (app, path, interface, permissions) = (a, c.path, Self.characteristicInterfaceName, c.permissions)
+        case .descriptor(let a, _, let d):
+            (app, path, interface, permissions) = (a, d.path, Self.gattDescriptorInterface, d.permissions)
         }
         count("local_reads")
         if let code = permissions.check(write: false) { return call.reply.fail(SimATT.error(code)) }
@@ -496,7 +502,9 @@ extension BlueZSimulator {
             callApp(app, d.path, Self.gattDescriptorInterface, "WriteValue", [.bytes(value), appOptions(central)]) {
                 result in
                 if case .failure(let error) = result {
-                    return answer(Self.attCode(error, permissionError: SimATT.writeNotPermitted), "\(error.name) \(error.message)")
+                    return answer(
+                        Self.attCode(error, permissionError: SimATT.writeNotPermitted), "\(error.name) \(error.message)"
+                    )
                 }
                 answer(nil, "")
             }
@@ -566,7 +574,9 @@ extension BlueZSimulator {
                 let code = Self.attCode(error, permissionError: SimATT.writeNotPermitted)
                 answer(code, "\(error.name) \(error.message)")
             case .success(let reply):
-                answer(reply.body.isEmpty ? nil : SimATT.requestNotSupported, reply.body.isEmpty ? "" : "WriteValue returned values")
+                answer(
+                    reply.body.isEmpty ? nil : SimATT.requestNotSupported,
+                    reply.body.isEmpty ? "" : "WriteValue returned values")
             }
         }
         if ignoreReply { answer(nil, "") }
@@ -651,7 +661,10 @@ extension BlueZSimulator {
                 switch result {
                 case .success(let reply):
                     if reply.body.count == 2, let fd = reply.body[0].fileDescriptor?.take(), fd >= 0 {
-                        guard c.notifyCount > 0 else { return _ = closeFD(fd) }
+                        guard c.notifyCount > 0 else {
+                            _ = closeFD(fd)
+                            return
+                        }
                         c.notifySocket = self.appSocket(app, c, fd, notify: true)
                         self.count("local_notify_acquired")
                         return
@@ -688,7 +701,8 @@ extension BlueZSimulator {
         guard let text = call.arguments.first?.string,
             let central = centrals.first(where: { $0.address == text.uppercased() })
         else {
-            return call.reply.fail(Self.controlFailure("DoesNotExist", "No central \(call.arguments.first?.string ?? "")"))
+            return call.reply.fail(
+                Self.controlFailure("DoesNotExist", "No central \(call.arguments.first?.string ?? "")"))
         }
         guard call.arguments.count == 2, let utext = call.arguments[1].string, let uuid = SimUUID(utext) else {
             return call.reply.fail(Self.controlFailure("InvalidArguments", "expected (central, uuid)"))
@@ -751,7 +765,8 @@ extension BlueZSimulator {
 
     func getLocalGatt(_ call: DBusMethodCall) {
         guard let id = call.arguments.first?.string, let a = controlAdapter(id) else {
-            return call.reply.fail(Self.controlFailure("DoesNotExist", "No adapter \"\(call.arguments.first?.string ?? "")\""))
+            return call.reply.fail(
+                Self.controlFailure("DoesNotExist", "No adapter \"\(call.arguments.first?.string ?? "")\""))
         }
         var out = SimJSON()
         out.array(localApps.filter { $0.adapterID == a.spec.id }) { o, app in

@@ -206,6 +206,6 @@ def test_example_advertisement_is_registered(world):
     # 6 (two 16-bit UUIDs) + 8 (manufacturer data) + 9 (service data) + 5 (Data 0x26): exactly the 28 bytes
     # that are left of 31 once the kernel's TX power field is reserved.
     assert ad["ad_length"] == 28
-    assert control.counters()["advertisements"] == 1
+    assert control.counters()["local_advertisements"] == 1
     advertiser.stop()
     assert wait_until(lambda: json.loads(control.call("GetAdvertisements", "s", "")[0]) == [], timeout=5)
