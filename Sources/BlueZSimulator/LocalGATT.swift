@@ -30,7 +30,7 @@ extension BlueZSimulator {
         let epoch = self.epoch
         let adapterID = a.spec.id
         pendingApps.append((sender, root))
-        let task = Task { [weak self] in
+        Task { [weak self] in
             // Like bleak and GDBusClient: the match rules go in before GetManagedObjects, so no change is lost.
             let changes = try? await connection.signals(
                 matching: DBusMatchRule(
@@ -85,7 +85,6 @@ extension BlueZSimulator {
                 }
             }
         }
-        _ = task
     }
 
     /// Reads the application's objects the way client_ready_cb does: services first, then characteristics (each
@@ -723,11 +722,29 @@ extension BlueZSimulator {
     /// unbonded device (StopNotify or the notify socket closed when it was the last), Connected goes false.
     func centralDisconnect(_ call: DBusMethodCall) {
         guard let central = controlCentral(call) else { return }
-        dropCentral(central)
+        dropCentral(central, reason: Self.reasons["remote"] ?? ("", ""))
         call.reply.succeed()
     }
 
-    func dropCentral(_ central: SimCentral) {
+    /// Device1.Connect on a central's object: it is already connected, or it is not advertising to be reached.
+    func centralConnectCall(_ central: SimCentral, _ call: DBusMethodCall) {
+        guard central.connected else {
+            return call.reply.fail(Self.bluezError("Failed", "le-connection-abort-by-local"))
+        }
+        call.reply.succeed()
+    }
+
+    /// Adapter1.RemoveDevice of a central: the link drops (local) and its object goes.
+    func removeCentral(_ central: SimCentral, _ call: DBusMethodCall) {
+        if central.connected { dropCentral(central, reason: Self.reasons["local"] ?? ("", "")) }
+        server?.removeObject(at: central.devicePath)
+        centrals.removeAll { $0 === central }
+        call.reply.succeed()
+    }
+
+    /// The link to a central drops: its CCCs are disabled, then `Disconnected(reason, message)` and
+    /// `Connected=false` as for a peripheral's link.
+    func dropCentral(_ central: SimCentral, reason: (String, String)) {
         central.connected = false
         for app in localApps where app.adapterID == central.adapterID {
             for c in app.characteristics where c.ccc[central.address] != nil {
@@ -735,6 +752,9 @@ extension BlueZSimulator {
                 cccDisabled(app, c)
             }
         }
+        server?.emitSignal(
+            path: central.devicePath, interface: "org.bluez.Device1", name: "Disconnected",
+            arguments: [.string(reason.0), .string(reason.1)])
         server?.setProperty(at: central.devicePath, interface: "org.bluez.Device1", "Connected", .boolean(false))
         count("central_disconnects")
     }
@@ -752,7 +772,7 @@ extension BlueZSimulator {
         for app in localApps where app.adapterID == id { removeApp(app) }
         for ad in advertisements where ad.adapterID == id { removeAdvertisement(ad, release: true) }
         for central in centrals where central.adapterID == id {
-            if central.connected { dropCentral(central) }
+            if central.connected { dropCentral(central, reason: Self.reasons["local"] ?? ("", "")) }
             server?.removeObject(at: central.devicePath)
         }
         centrals.removeAll { $0.adapterID == id }
@@ -760,7 +780,9 @@ extension BlueZSimulator {
 
     /// Powering off drops the links of the centrals (registrations stay, as in bluetoothd).
     func localPoweredOff(_ id: String) {
-        for central in centrals where central.adapterID == id && central.connected { dropCentral(central) }
+        for central in centrals where central.adapterID == id && central.connected {
+            dropCentral(central, reason: Self.reasons["local"] ?? ("", ""))
+        }
     }
 
     func getLocalGatt(_ call: DBusMethodCall) {

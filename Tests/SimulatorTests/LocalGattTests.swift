@@ -465,6 +465,39 @@ struct LocalGattTests {
                 .isEmpty == true)
     }
 
+    @Test("the local side drops a central with Device1.Disconnect and forgets it with RemoveDevice")
+    func localDisconnect() async throws {
+        let sim = try await peripheralFixture()
+        defer { sim.stopInBackground() }
+        let client = try Client(sim)
+        let app = try standardApp(sim)
+        try await app.register()
+        let signals = try await SignalRecorder(
+            client.connection, DBusMatchRule(type: .signal, sender: "org.bluez", path: centralPath))
+        try await client.control("CentralConnect", [.string("hci0"), .string(central)])
+        try await client.control("CentralSubscribe", [.string(central), .string("2a19"), .boolean(true)])
+        try await eventually(3, "StartNotify") { app.count("StartNotify", batteryPath) == 1 }
+        try await client.call(centralPath, "org.bluez.Device1", "Disconnect")
+        try await eventually(3, "StopNotify") { app.count("StopNotify", batteryPath) == 1 }
+        try await signals.wait(timeout: 3, "Disconnected then Connected=false") { all in
+            let names = all.map { $0.member == "Disconnected" ? "D" : SignalRecorder.describe($0) }
+            guard let d = names.firstIndex(of: "D") else { return false }
+            return names[(d + 1)...].contains { $0.hasPrefix("PC") && $0.contains("Connected") }
+        }
+        let reason = signals.all.first { $0.member == "Disconnected" }?.body.first?.string
+        #expect(reason == "org.bluez.Reason.Local")
+        // A read now is misuse: the central is not connected.
+        let e = await client.error(
+            "/org/bluez/sim", "io.blebridge.Simulator1", "CentralRead", [.string(central), .string("2a19"), .uint32(0)])
+        #expect(e?.name == "io.blebridge.Simulator1.Error.NotConnected")
+        // It connects again on the same object, then the adapter forgets it.
+        #expect(
+            try await client.control("CentralConnect", [.string(""), .string(central)]).first?.objectPath == centralPath
+        )
+        try await client.call("/org/bluez/hci0", "org.bluez.Adapter1", "RemoveDevice", [.objectPath(centralPath)])
+        #expect(try await client.managedPaths().contains(centralPath.rawValue) == false)
+    }
+
     @Test("NotifyAcquired and WriteAcquired: bluetoothd uses AcquireNotify and AcquireWrite sockets")
     func acquiredSockets() async throws {
         let sim = try await peripheralFixture()
@@ -634,6 +667,23 @@ struct LocalAdvertisingTests {
 
         try await client.control("RemoveAdapter", [.string("hci0")])
         try await eventually(3, "Release") { ad.releases.withLock { $0 } == 1 }
+    }
+
+    @Test("Discoverable adds a Flags structure; Timeout ends with Release")
+    func discoverableAndTimeout() async throws {
+        let sim = try await peripheralFixture()
+        defer { sim.stopInBackground() }
+        let client = try Client(sim)
+        var props = Self.base
+        props["Discoverable"] = .boolean(true)
+        props["Timeout"] = .uint16(1)
+        let ad = try TestAdvertisement(sim, properties: props)
+        try await ad.register()
+        let ads = try jsonArray(try await client.control("GetAdvertisements", [.string("hci0")]))
+        #expect(ads.first?["ad_length"] as? Int == 10 + 3)
+        #expect(ads.first?["discoverable"] as? Bool == true && ads.first?["timeout"] as? Int == 1)
+        try await eventually(4, "Release after the timeout") { ad.releases.withLock { $0 } == 1 }
+        #expect(try jsonArray(try await client.control("GetAdvertisements", [.string("hci0")])).isEmpty)
     }
 
     @Test("too much data, bad values and a sixth advertisement are refused as bluetoothd refuses them")
