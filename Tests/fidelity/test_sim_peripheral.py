@@ -209,3 +209,13 @@ def test_example_advertisement_is_registered(world):
     assert control.counters()["local_advertisements"] == 1
     advertiser.stop()
     assert wait_until(lambda: json.loads(control.call("GetAdvertisements", "s", "")[0]) == [], timeout=5)
+
+
+def test_example_advertisement_released_when_the_adapter_goes(world):
+    sim, env, control, started = world
+    advertiser = start(started, "example-advertisement", env)
+    advertiser.wait_for("Advertisement registered")
+    # bluetoothd destroys the adapter's advertising manager, which calls Release() on every advertisement.
+    control.call("RemoveAdapter", "s", "hci0")
+    advertiser.wait_for("/org/bluez/example/advertisement0: Released!")
+    assert control.counters()["advertisements_released"] == 1
