@@ -51,7 +51,14 @@ extension BlueZSimulator {
             }
             guard let self else { return }
             self.onLoop(epoch: epoch) {
-                self.pendingAds.removeAll { $0.owner == sender && $0.path == path && $0.adapterID == id }
+                let isPending = { (p: (owner: String, path: DBusObjectPath, adapterID: String)) in
+                    p.owner == sender && p.path == path && p.adapterID == id
+                }
+                // Gone meanwhile: the owner left the bus or the adapter went (client_free's answer).
+                guard self.pendingAds.contains(where: isPending) else {
+                    return call.reply.fail(Self.bluezError("Failed", "Failed to complete registration"))
+                }
+                self.pendingAds.removeAll(where: isPending)
                 guard let props, let adapter = self.adapters.first(where: { $0.spec.id == id }) else {
                     return call.reply.fail(Self.bluezError("Failed", "Failed to complete registration"))
                 }

@@ -19,17 +19,17 @@ extension BlueZSimulator {
             return call.reply.fail(Self.invalidArguments)
         }
         guard let a = adapters.first(where: { $0.path == call.path }) else { return call.reply.fail(Self.doesNotExist) }
-        // manager_register_app: the same sender may not register the same path twice.
-        if localApps.contains(where: { $0.owner == call.sender && $0.path == root })
-            || pendingApps.contains(where: { $0.owner == call.sender && $0.path == root })
+        let adapterID = a.spec.id
+        // manager_register_app: the same sender may not register the same path twice (per adapter database).
+        if localApps.contains(where: { $0.owner == call.sender && $0.path == root && $0.adapterID == adapterID })
+            || pendingApps.contains(where: { $0.owner == call.sender && $0.path == root && $0.adapterID == adapterID })
         {
             return call.reply.fail(Self.alreadyExists)
         }
         guard let connection else { return call.reply.fail(Self.appFailed("Failed to register application")) }
         let sender = call.sender
         let epoch = self.epoch
-        let adapterID = a.spec.id
-        pendingApps.append((sender, root))
+        pendingApps.append((sender, root, adapterID))
         Task { [weak self] in
             // Like bleak and GDBusClient: the match rules go in before GetManagedObjects, so no change is lost.
             let changes = try? await connection.signals(
@@ -50,7 +50,14 @@ extension BlueZSimulator {
             guard let self else { return }
             let parsed = Self.parseApplication(objects ?? [], root: root)
             self.onLoop(epoch: epoch) {
-                self.pendingApps.removeAll { $0.owner == sender && $0.path == root }
+                let isPending = { (p: (owner: String, path: DBusObjectPath, adapterID: String)) in
+                    p.owner == sender && p.path == root && p.adapterID == adapterID
+                }
+                // Gone meanwhile: the owner left the bus, or the adapter was removed (app_free).
+                guard self.pendingApps.contains(where: isPending) else {
+                    return call.reply.fail(Self.appFailed("Failed to create entry in database"))
+                }
+                self.pendingApps.removeAll(where: isPending)
                 guard self.adapters.contains(where: { $0.spec.id == adapterID }) else {
                     return call.reply.fail(Self.appFailed("Failed to create entry in database"))
                 }
@@ -102,8 +109,8 @@ extension BlueZSimulator {
             entries.append((path, ifaces))
         }
         guard !entries.isEmpty else { return .failure(appFailed("No object received")) }
+        // The reply's order is the database order (queue_foreach over the proxies as they arrived).
         let invalid = appFailed("No valid service object found")
-        entries.sort { $0.0.rawValue < $1.0.rawValue }
         var services: [SimLocalService] = []
         for (path, ifaces) in entries {
             guard let p = ifaces[gattServiceInterface] else { continue }
@@ -764,12 +771,15 @@ extension BlueZSimulator {
     func localClientLeft(_ name: String) {
         for app in localApps where app.owner == name { removeApp(app) }
         pendingApps.removeAll { $0.owner == name }
+        pendingAds.removeAll { $0.owner == name }
         for ad in advertisements where ad.owner == name { removeAdvertisement(ad, release: false) }
     }
 
     /// The adapter goes (btd_gatt_database_destroy, btd_adv_manager_destroy): apps dropped, advertisements released.
     func localAdapterRemoved(_ id: String) {
         for app in localApps where app.adapterID == id { removeApp(app) }
+        pendingApps.removeAll { $0.adapterID == id }
+        pendingAds.removeAll { $0.adapterID == id }
         for ad in advertisements where ad.adapterID == id { removeAdvertisement(ad, release: true) }
         for central in centrals where central.adapterID == id {
             if central.connected { dropCentral(central, reason: Self.reasons["local"] ?? ("", "")) }

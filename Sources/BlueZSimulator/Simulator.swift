@@ -54,7 +54,7 @@ public final class BlueZSimulator: @unchecked Sendable {
     var counters: [String: Int] = [:]
     /// GATT applications (GattManager1) and their registrations still reading the app's objects.
     var localApps: [SimLocalApp] = []
-    var pendingApps: [(owner: String, path: DBusObjectPath)] = []
+    var pendingApps: [(owner: String, path: DBusObjectPath, adapterID: String)] = []
     /// Remote centrals connected to local adapters (control interface).
     var centrals: [SimCentral] = []
     /// LE advertisements (LEAdvertisingManager1), in registration order, and registrations still reading theirs.

@@ -565,6 +565,22 @@ struct LocalGattTests {
         let app = try standardApp(sim)
         try await app.register()
         #expect(try jsonArray(try await client.control("GetLocalGatt", [.string("")])).count == 1)
+        // The app removes a service object: bluetoothd's proxy_removed_cb takes the service out of the database.
+        for path in [roPath, rwDescriptorPath, rwPath, wwrPath, indicatePath] { app.server.removeObject(at: path) }
+        app.server.removeObject(at: "/app/service1")
+        try await eventually(3, "one service left") {
+            let services = try jsonArray(try await client.control("GetLocalGatt", [.string("")])).first?["services"]
+            return (services as? [[String: Any]])?.count == 1
+        }
+        try await client.control("CentralConnect", [.string(""), .string(central)])
+        let gone = await client.error(
+            "/org/bluez/sim", "io.blebridge.Simulator1", "CentralRead", [.string(central), .string(rwUUID), .uint32(0)])
+        #expect(gone?.name == "io.blebridge.Simulator1.Error.DoesNotExist")
+        #expect(gone?.message.hasPrefix("No local characteristic or descriptor") == true)
+        #expect(
+            try await client.control("CentralRead", [.string(central), .string("2a19"), .uint32(0)]).first?.bytes == [
+                87
+            ])
         app.connection.close()
         try await eventually(3, "the app gone with its owner") {
             try jsonArray(try await client.control("GetLocalGatt", [.string("")])).isEmpty
