@@ -65,10 +65,17 @@ extension BlueZSimulator {
                 case .failure(let error):
                     self.count("local_apps_rejected")
                     call.reply.fail(error)
-                case .success(let services):
+                case .success(var services):
+                    guard let a = self.adapters.first(where: { $0.spec.id == adapterID }),
+                        self.assignHandles(&services, adapter: a)
+                    else {
+                        self.count("local_apps_rejected")
+                        return call.reply.fail(Self.appFailed("Failed to create entry in database"))
+                    }
                     let app = SimLocalApp(owner: sender, path: root, adapterID: adapterID, services: services)
                     self.localApps.append(app)
                     self.count("local_apps_registered")
+                    self.writeHandles(app)
                     call.reply.succeed()
                     // The watch is cancelled when the app goes (removeApp, resetState), so it may hold the simulator.
                     app.watch = Task { [self] in
@@ -128,7 +135,9 @@ extension BlueZSimulator {
             }
             if let h = p["Handle"], h.uint16 == nil { return .failure(appFailed("Failed to create entry in database")) }
             services.append(
-                SimLocalService(path: path, uuid: uuid, primary: primary, includes: includes, characteristics: []))
+                SimLocalService(
+                    path: path, uuid: uuid, primary: primary, includes: includes, characteristics: [],
+                    handleProperty: p["Handle"]?.uint16))
         }
         for (path, ifaces) in entries {
             guard let p = ifaces[characteristicInterfaceName] else { continue }
@@ -142,10 +151,11 @@ extension BlueZSimulator {
                 return .failure(appFailed("Failed to create entry in database"))
             }
             if let h = p["Handle"], h.uint16 == nil { return .failure(appFailed("Failed to create entry in database")) }
-            services[si].characteristics.append(
-                SimLocalCharacteristic(
-                    path: path, uuid: uuid, flags: flags, permissions: perms,
-                    hasWriteAcquired: p["WriteAcquired"] != nil, hasNotifyAcquired: p["NotifyAcquired"] != nil))
+            let c = SimLocalCharacteristic(
+                path: path, uuid: uuid, flags: flags, permissions: perms,
+                hasWriteAcquired: p["WriteAcquired"] != nil, hasNotifyAcquired: p["NotifyAcquired"] != nil)
+            c.handleProperty = p["Handle"]?.uint16
+            services[si].characteristics.append(c)
         }
         for (path, ifaces) in entries {
             guard let p = ifaces[gattDescriptorInterface] else { continue }
@@ -159,10 +169,65 @@ extension BlueZSimulator {
             guard let uuid = applicationUUID(p["UUID"]) else {
                 return .failure(appFailed("Failed to create entry in database"))
             }
-            c.descriptors.append(SimLocalDescriptor(path: path, uuid: uuid, flags: flags, permissions: perms))
+            if let h = p["Handle"], h.uint16 == nil { return .failure(appFailed("Failed to create entry in database")) }
+            c.descriptors.append(
+                SimLocalDescriptor(
+                    path: path, uuid: uuid, flags: flags, permissions: perms, handleProperty: p["Handle"]?.uint16))
         }
         guard !services.isEmpty else { return .failure(invalid) }
         return .success(services)
+    }
+
+    /// gatt_db_insert_service and database_add_chrc: a service goes at its own `Handle` when it has a non-zero one,
+    /// else at the database's next free handle; inside it the declaration, includes, then per characteristic its
+    /// declaration and value (the value handle is the characteristic's handle), CCC, Extended Properties and
+    /// descriptors. False when a service does not fit below 0xffff or overlaps one already there.
+    func assignHandles(_ services: inout [SimLocalService], adapter a: SimAdapter) -> Bool {
+        var taken: [ClosedRange<Int>] = localApps.filter { $0.adapterID == a.spec.id }.flatMap(\.services).map {
+            Int($0.handle)...(Int($0.handle) + $0.attributeCount - 1)
+        }
+        taken.append(1...0x0014)
+        var nextHandle = a.nextHandle
+        for i in services.indices {
+            let count = services[i].attributeCount
+            let own = Int(services[i].handleProperty ?? 0)
+            let start = own != 0 ? own : nextHandle
+            let range = start...(start + count - 1)
+            guard range.upperBound <= 0xffff, !taken.contains(where: { $0.overlaps(range) }) else { return false }
+            taken.append(range)
+            nextHandle = max(nextHandle, range.upperBound + 1)
+            services[i].handle = UInt16(start)
+            var next = start + 1 + services[i].includes.count
+            for c in services[i].characteristics {
+                c.handle = UInt16(next + 1)
+                next += 2 + (c.notify || c.indicate ? 1 : 0) + (c.extendedProperties ? 1 : 0)
+                for d in c.descriptors.indices {
+                    c.descriptors[d].handle = UInt16(next)
+                    next += 1
+                }
+            }
+        }
+        a.nextHandle = nextHandle
+        return true
+    }
+
+    /// write_handle: an attribute whose `Handle` property is 0 is told its handle with Properties.Set.
+    func writeHandles(_ app: SimLocalApp) {
+        func set(_ path: DBusObjectPath, _ interface: String, _ handle: UInt16) {
+            callApp(
+                app, path, "org.freedesktop.DBus.Properties", "Set",
+                [.string(interface), .string("Handle"), .variant(.uint16(handle))]
+            ) { _ in }
+        }
+        for s in app.services {
+            if s.handleProperty == 0 { set(s.path, Self.gattServiceInterface, s.handle) }
+            for c in s.characteristics {
+                if c.handleProperty == 0 { set(c.path, Self.characteristicInterfaceName, c.handle) }
+                for d in c.descriptors where d.handleProperty == 0 {
+                    set(d.path, Self.gattDescriptorInterface, d.handle)
+                }
+            }
+        }
     }
 
     static func stringList(_ value: DBusValue) -> [String]? {
@@ -809,6 +874,7 @@ extension BlueZSimulator {
                 $0.array(app.services) { o, s in
                     o.object {
                         $0.field("path", s.path.rawValue)
+                        $0.field("handle", Int(s.handle))
                         $0.field("uuid", s.uuid.string)
                         $0.field("primary", s.primary)
                         $0.key("includes")
@@ -817,6 +883,7 @@ extension BlueZSimulator {
                         $0.array(s.characteristics) { o, c in
                             o.object {
                                 $0.field("path", c.path.rawValue)
+                                $0.field("handle", Int(c.handle))
                                 $0.field("uuid", c.uuid.string)
                                 $0.key("flags")
                                 $0.strings(c.flags)
@@ -824,6 +891,7 @@ extension BlueZSimulator {
                                 $0.array(c.descriptors) { o, d in
                                     o.object {
                                         $0.field("path", d.path.rawValue)
+                                        $0.field("handle", Int(d.handle))
                                         $0.field("uuid", d.uuid.string)
                                         $0.key("flags")
                                         $0.strings(d.flags)

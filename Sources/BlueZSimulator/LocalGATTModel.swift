@@ -121,6 +121,11 @@ final class SimLocalCharacteristic: @unchecked Sendable {
     let hasWriteAcquired: Bool
     let hasNotifyAcquired: Bool
     var descriptors: [SimLocalDescriptor] = []
+    /// The value handle in the local database, and the app's own `Handle` property (nil when it has none).
+    var handle: UInt16 = 0
+    var handleProperty: UInt16?
+    /// reliable-write or writable-auxiliaries: bluetoothd adds an Extended Properties descriptor.
+    var extendedProperties: Bool { flags.contains("reliable-write") || flags.contains("writable-auxiliaries") }
     /// CCC value per central address (1 notify, 2 indicate), like bluetoothd's per-device ccc_state.
     var ccc: [String: UInt16] = [:]
     /// bluetoothd's `ntfy_cnt`: enabled CCCs; the first starts the app's notifications, the last stops them.
@@ -157,6 +162,8 @@ struct SimLocalDescriptor: Sendable {
     let uuid: SimUUID
     let flags: [String]
     let permissions: SimATTPermissions
+    var handle: UInt16 = 0
+    var handleProperty: UInt16? = nil
 }
 
 /// A service of a registered application.
@@ -166,6 +173,17 @@ struct SimLocalService: Sendable {
     let primary: Bool
     let includes: [DBusObjectPath]
     var characteristics: [SimLocalCharacteristic]
+    var handle: UInt16 = 0
+    var handleProperty: UInt16? = nil
+
+    /// Attributes the service takes (chrc_create/desc_create's attr_cnt): its declaration, one per include, two
+    /// per characteristic plus its CCC and Extended Properties descriptors, one per descriptor.
+    var attributeCount: Int {
+        1 + includes.count
+            + characteristics.reduce(0) {
+                $0 + 2 + ($1.notify || $1.indicate ? 1 : 0) + ($1.extendedProperties ? 1 : 0) + $1.descriptors.count
+            }
+    }
 }
 
 /// A GATT application registered with RegisterApplication.

@@ -115,7 +115,7 @@ final class TestGattApp: Sendable {
         ]
         for (k, v) in extra {
             props[k] = v
-            specs.append(DBusPropertySpec(k, v.signature))
+            specs.append(DBusPropertySpec(k, v.signature, access: k == "Handle" ? .readWrite : .read))
         }
         server.addInterfaces(
             at: path,
@@ -192,7 +192,9 @@ let centralPath: DBusObjectPath = "/org/bluez/hci0/dev_5C_F3_70_00_00_01"
 func standardApp(_ sim: SimulatorFixture) throws -> TestGattApp {
     let app = try TestGattApp(sim)
     app.service("/app/service0", uuid: "180f")
-    app.characteristic(batteryPath, service: "/app/service0", uuid: "2a19", flags: ["read", "notify"], value: [87])
+    app.characteristic(
+        batteryPath, service: "/app/service0", uuid: "2a19", flags: ["read", "notify"], value: [87],
+        extra: ["Handle": .uint16(0)])
     app.service("/app/service1", uuid: "12345678-1234-5678-1234-56789abcdef0")
     app.characteristic(rwPath, service: "/app/service1", uuid: rwUUID, flags: ["read", "write"], value: [1, 2, 3, 4])
     app.descriptor(rwDescriptorPath, characteristic: rwPath, uuid: "2901", flags: ["read"])
@@ -246,6 +248,15 @@ struct LocalGattTests {
         #expect(
             (chars.first?["descriptors"] as? [[String: Any]])?.first?["uuid"] as? String
                 == "00002901-0000-1000-8000-00805f9b34fb")
+
+        // Handles as gatt_db assigns them after bluetoothd's own services (0x0001-0x0014): service, declaration,
+        // value, CCC; the app's Handle property is set to the value handle.
+        #expect(services.map { $0["handle"] as? Int } == [0x15, 0x19])
+        #expect(chars.map { $0["handle"] as? Int } == [0x1b, 0x1e, 0x20, 0x22])
+        #expect((chars.first?["descriptors"] as? [[String: Any]])?.first?["handle"] as? Int == 0x1c)
+        try await eventually(3, "Handle written back") {
+            app.server.property(at: batteryPath, interface: "org.bluez.GattCharacteristic1", "Handle")?.uint16 == 0x17
+        }
 
         let device = try await client.control("CentralConnect", [.string("hci0"), .string(central)])
         #expect(device.first?.objectPath == centralPath)
