@@ -336,13 +336,20 @@ extension BlueZSimulator {
     }
 
     /// property_changed_cb: a new `Value` of a characteristic with a CCC is sent to every subscribed central.
+    /// An invalidated `Value` is sent as an empty notification (the callback gets no value then); a `Value` that
+    /// is not a byte array is ignored ("Malformed").
     func appPropertiesChanged(_ app: SimLocalApp, _ m: DBusMessage) {
         guard localApps.contains(where: { $0 === app }), m.body.count >= 2,
             m.body[0].string == Self.characteristicInterfaceName, let path = m.path,
-            let changed = m.body[1].stringVariantDictionary, let value = changed["Value"]?.bytes,
+            let changed = m.body[1].stringVariantDictionary,
             let c = app.characteristics.first(where: { $0.path == path }), c.notify || c.indicate
         else { return }
-        deliver(app, c, value, viaSocket: nil)
+        if let v = changed["Value"] {
+            guard let value = v.bytes else { return }
+            deliver(app, c, value, viaSocket: nil)
+        } else if m.body.count == 3, m.body[2].arrayElements?.contains(where: { $0.string == "Value" }) == true {
+            deliver(app, c, [], viaSocket: nil)
+        }
     }
 
     /// send_notification_to_devices: each connected central whose CCC is enabled gets the value (truncated to
