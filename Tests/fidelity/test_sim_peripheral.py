@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import queue
+import re
 import subprocess
 import threading
 
@@ -27,16 +28,23 @@ ENCRYPT_CHRC = "12345678-1234-5678-1234-56789abcdef3"
 class Example:
     """One example program on the simulator's bus, its stdout collected line by line."""
 
-    def __init__(self, name: str, env: dict):
-        self.proc = subprocess.Popen([SYSTEM_PYTHON, "-u", str(EXAMPLES / name)], env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, bufsize=1)
+    def __init__(self, name: str, env: dict, argv=None):
+        self.proc = subprocess.Popen(argv or [SYSTEM_PYTHON, "-u", str(EXAMPLES / name)], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, bufsize=1)
         self.lines: "queue.Queue[str]" = queue.Queue()
         self.seen: list = []
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self):
         for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
+            # bluetoothctl's colours and readline's invisible-prompt markers.
+            line = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", line)
+            self.lines.put(re.sub(r"[\r\x01\x02]", "", line).rstrip("\n"))
+
+    def send(self, text: str):
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
 
     def wait_for(self, text: str, timeout: float = 15) -> str:
         """Returns the first line containing `text` (lines are read as the program prints them)."""
@@ -107,8 +115,8 @@ def world():
     sim.stop()
 
 
-def start(started, name, env) -> Example:
-    example = Example(name, env)
+def start(started, name, env, argv=None) -> Example:
+    example = Example(name, env, argv)
     started.append(example)
     return example
 
@@ -219,3 +227,57 @@ def test_example_advertisement_released_when_the_adapter_goes(world):
     control.call("RemoveAdapter", "s", "hci0")
     advertiser.wait_for("/org/bluez/example/advertisement0: Released!")
     assert control.counters()["advertisements_released"] == 1
+
+
+def test_bluetoothctl_advertise_menu(world):
+    """Debian's bluetoothctl (BlueZ 5.66) as the advertiser: its advertise menu registers an LEAdvertisement1."""
+    sim, env, control, started = world
+    ctl = start(started, "bluetoothctl", env, argv=["bluetoothctl"])
+    ctl.wait_for("Agent registered")
+    for command in ("menu advertise", "name BctlAd", "uuids 0x180D 0x180F", "manufacturer 0xffff 0x01 0x02",
+                    "back", "advertise on"):
+        ctl.send(command)
+    ctl.wait_for("Advertising object registered")
+    ctl.wait_for("ActiveInstances: 0x01 (1)")
+    ads = json.loads(control.call("GetAdvertisements", "s", "")[0])
+    assert len(ads) == 1
+    ad = ads[0]
+    assert ad["local_name"] == "BctlAd" and ad["type"] == "peripheral" and ad["discoverable"] is True
+    assert ad["service_uuids"] == [uuid16("180d"), uuid16("180f")]
+    assert ad["manufacturer_data"] == {"65535": "0102"}
+    # 6 (UUIDs) + 6 (manufacturer data) + 3 (the Flags structure Discoverable adds).
+    assert ad["ad_length"] == 15
+    ctl.send("advertise off")
+    ctl.wait_for("Advertising object unregistered")
+    assert json.loads(control.call("GetAdvertisements", "s", "")[0]) == []
+    ctl.send("quit")
+
+
+def test_bluetoothctl_gatt_server_menu(world):
+    """bluetoothctl's gatt menu as a GATT server: register-service/-characteristic/-application. bluetoothd
+    writes the assigned handles back (bluetoothctl prints them) and a written value, which bluetoothctl
+    announces with PropertiesChanged, comes back to the subscribed central as a notification."""
+    sim, env, control, started = world
+    ctl = start(started, "bluetoothctl", env, argv=["bluetoothctl"])
+    ctl.wait_for("Agent registered")
+    ctl.send("menu gatt")
+    ctl.send("register-service 0x180F")
+    ctl.wait_for("Battery Service")
+    ctl.send("yes")
+    ctl.send("register-characteristic 0x2A19 read,write,notify")
+    ctl.wait_for("Battery Level")
+    ctl.send("0x55")
+    ctl.send("register-application")
+    ctl.wait_for("Application registered")
+    ctl.wait_for("Characteristic (Handle 0x0017)")
+    apps = json.loads(control.call("GetLocalGatt", "s", "")[0])
+    chrc = apps[0]["services"][0]["characteristics"][0]
+    assert chrc["uuid"] == uuid16("2a19") and chrc["flags"] == ["read", "write", "notify"] and chrc["handle"] == 0x17
+
+    control.call("CentralConnect", "ss", "hci0", CENTRAL)
+    assert control.call("CentralRead", "ssu", CENTRAL, "2a19", 0)[0] == b"\x55"
+    control.call("CentralSubscribe", "ssb", CENTRAL, "2a19", True)
+    control.call("CentralWrite", "ssays", CENTRAL, "2a19", b"\x42", "request")
+    assert control.call("CentralRead", "ssu", CENTRAL, "2a19", 0)[0] == b"\x42"
+    assert wait_until(lambda: control.call("CentralNotifications", "ss", CENTRAL, "2a19")[0] == [b"\x42"], timeout=5)
+    ctl.send("quit")
