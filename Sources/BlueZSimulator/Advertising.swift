@@ -1,6 +1,6 @@
 // LEAdvertisingManager1 on each adapter, as BlueZ's src/advertising.c runs it: the LEAdvertisement1 properties are
 // read from the sender (Properties.GetAll, as its GDBusProxy does) and parsed property by property, the legacy
-// advertising data is sized the way src/shared/ad.c builds it, and PropertiesChanged updates the data in place.
+// advertising data is sized the way BlueZ's src/shared/ad.c builds it, and PropertiesChanged updates the data in place.
 import DBus
 
 extension BlueZSimulator {
@@ -132,11 +132,14 @@ extension BlueZSimulator {
     /// properties_changed: each changed property goes through its parser; a valid one updates the data in place.
     func advertisementChanged(_ ad: SimLocalAdvertisement, _ m: DBusMessage) {
         guard advertisements.contains(where: { $0 === ad }), m.body.count == 3,
-            let changed = m.body[1].stringVariantDictionary,
+            let entries = m.body[1].dictionaryEntries,
             let adapter = adapters.first(where: { $0.spec.id == ad.adapterID })
         else { return }
         let invalidated = m.body[2].arrayElements?.compactMap(\.string) ?? []
-        for (name, value) in changed.sorted(by: { $0.key < $1.key }) {
+        // In the signal's order, as GDBusProxy hands them to properties_changed.
+        for entry in entries {
+            guard let name = entry.key.string else { continue }
+            let value = entry.value.variantValue ?? entry.value
             var next = ad.parsed
             guard Self.parseAdvertisementProperty(name, value, into: &next) else { continue }
             ad.properties[name] = value
@@ -294,7 +297,7 @@ extension BlueZSimulator {
         return true
     }
 
-    /// AD types bt_ad_add_data refuses (src/shared/ad.c `type_reject_list`).
+    /// AD types bt_ad_add_data refuses (BlueZ's src/shared/ad.c `type_reject_list`).
     static let rejectedDataTypes: Set<UInt8> = [
         0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0d, 0x0e, 0x0f, 0x10, 0x11, 0x12, 0x14, 0x15,
         0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f, 0x20, 0x21, 0x22, 0x23, 0x27, 0x28, 0x29, 0x2a,
@@ -304,7 +307,7 @@ extension BlueZSimulator {
     /// bt_uuid_len after bt_string_to_uuid: SIG base UUIDs shrink to 16 bits.
     static func uuidLength(_ u: SimUUID) -> Int { u.short16 != nil ? 2 : 16 }
 
-    /// The advertising data length (calculate_length in src/shared/ad.c, after generate_adv_data) and the room
+    /// The advertising data length (calculate_length in BlueZ's src/shared/ad.c, after generate_adv_data) and the room
     /// for it (calc_max_adv_len in src/advertising.c: 31 less 3 for tx-power, 3 for kernel-managed flags, 4 for
     /// an included appearance).
     func advertisingDataLength(_ p: SimParsedAdvertisement, adapter: SimAdapter) -> (length: Int, max: Int) {

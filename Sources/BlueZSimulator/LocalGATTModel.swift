@@ -3,7 +3,7 @@
 import DBus
 
 /// ATT error codes (Bluetooth Core Specification Vol 3 Part F §3.4.1.1, and BlueZ's own codes in
-/// src/shared/att-types.h) with their names, for the control interface's `io.blebridge.Simulator1.Error.ATT`.
+/// BlueZ's src/shared/att-types.h) with their names, for the control interface's `io.blebridge.Simulator1.Error.ATT`.
 enum SimATT {
     static let readNotPermitted: UInt8 = 0x02
     static let writeNotPermitted: UInt8 = 0x03
@@ -258,6 +258,6 @@ struct SimParsedAdvertisement: Sendable {
     var minIntervalMS: UInt32?
     var maxIntervalMS: UInt32?
     var txPower: Int16?
-    /// Length of the advertising data as bluetoothd builds it (src/shared/ad.c), flags included when it adds them.
+    /// Length of the advertising data as bluetoothd builds it (BlueZ's src/shared/ad.c), flags included when it adds them.
     var adLength = 0
 }
