@@ -258,6 +258,7 @@ struct SimParsedAdvertisement: Sendable {
     var minIntervalMS: UInt32?
     var maxIntervalMS: UInt32?
     var txPower: Int16?
-    /// Length of the advertising data as bluetoothd builds it (BlueZ's src/shared/ad.c), flags included when it adds them.
+    /// Length of the advertising data as bluetoothd builds it (BlueZ's src/shared/ad.c), flags included when it
+    /// adds them.
     var adLength = 0
 }
