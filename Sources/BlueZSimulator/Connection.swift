@@ -17,6 +17,9 @@ extension BlueZSimulator {
     }
 
     func connectCall(_ call: DBusMethodCall) {
+        if let central = centrals.first(where: { $0.devicePath == call.path }) {
+            return centralConnectCall(central, call)
+        }
         guard let d = device(at: call.path), d.exported, let a = adapter(of: d) else {
             return call.reply.fail(DBusError(name: DBusError.unknownObject, message: "Unknown object"))
         }
@@ -147,6 +150,10 @@ extension BlueZSimulator {
     }
 
     func disconnectCall(_ call: DBusMethodCall) {
+        if let central = centrals.first(where: { $0.devicePath == call.path }) {
+            if central.connected { dropCentral(central, reason: Self.reasons["local"] ?? ("", "")) }
+            return call.reply.succeed()
+        }
         guard let d = device(at: call.path), d.exported else {
             return call.reply.fail(DBusError(name: DBusError.unknownObject, message: "Unknown object"))
         }

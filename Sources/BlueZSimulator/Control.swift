@@ -75,6 +75,30 @@ extension BlueZSimulator {
                 DBusMethodSpec(
                     "Burst", in: "ssu", out: "u", argumentNames: ["address", "uuid", "count"],
                     resultNames: ["sent"], handler: onQueue { $0.burst($1) }),
+                DBusMethodSpec(
+                    "GetLocalGatt", in: "s", out: "s", argumentNames: ["adapter"], resultNames: ["json"],
+                    handler: onQueue { $0.getLocalGatt($1) }),
+                DBusMethodSpec(
+                    "GetAdvertisements", in: "s", out: "s", argumentNames: ["adapter"], resultNames: ["json"],
+                    handler: onQueue { $0.getAdvertisements($1) }),
+                DBusMethodSpec(
+                    "CentralConnect", in: "ss", out: "o", argumentNames: ["adapter", "central"],
+                    resultNames: ["device"], handler: onQueue { $0.centralConnect($1) }),
+                DBusMethodSpec(
+                    "CentralRead", in: "ssu", out: "ay", argumentNames: ["central", "uuid", "offset"],
+                    resultNames: ["value"], handler: onQueue { $0.centralRead($1) }),
+                DBusMethodSpec(
+                    "CentralWrite", in: "ssays", argumentNames: ["central", "uuid", "value", "type"],
+                    handler: onQueue { $0.centralWrite($1) }),
+                DBusMethodSpec(
+                    "CentralSubscribe", in: "ssb", argumentNames: ["central", "uuid", "enable"],
+                    handler: onQueue { $0.centralSubscribe($1) }),
+                DBusMethodSpec(
+                    "CentralNotifications", in: "ss", out: "aay", argumentNames: ["central", "uuid"],
+                    resultNames: ["values"], handler: onQueue { $0.centralNotifications($1) }),
+                DBusMethodSpec(
+                    "CentralDisconnect", in: "s", argumentNames: ["central"],
+                    handler: onQueue { $0.centralDisconnect($1) }),
             ])
     }
 
@@ -341,6 +365,7 @@ extension BlueZSimulator {
         }
         a.sessions = []
         a.filters = [:]
+        localAdapterRemoved(a.spec.id)
         server?.removeObject(at: a.path)
         adapters.removeAll { $0 === a }
         removedAdapters.removeAll { $0.address == a.spec.address }
@@ -410,6 +435,10 @@ extension BlueZSimulator {
         }
         count("restarts")
         call.reply.succeed()
+        // bluetoothd going down destroys each adapter's advertising manager, which releases every advertisement
+        // (manager_destroy -> client_destroy in src/advertising.c); GATT applications are just forgotten.
+        for ad in advertisements { removeAdvertisement(ad, release: true) }
+        for app in localApps { removeApp(app) }
         // Let the reply leave before the connection (and with it org.bluez and every object) goes away.
         after(0.05) { [weak self] in
             guard let self else { return }
@@ -440,6 +469,9 @@ extension BlueZSimulator {
         all["devices_connected"] = devices.filter(\.isConnected).count
         all["monitors"] = monitors.count
         all["discovery_sessions"] = adapters.reduce(0) { $0 + $1.sessions.count }
+        all["local_apps"] = localApps.count
+        all["local_advertisements"] = advertisements.count
+        all["centrals_connected"] = centrals.filter(\.connected).count
         call.reply.succeed([.stringVariantDictionary(all.keys.sorted().map { ($0, .int64(Int64(all[$0] ?? 0))) })])
     }
 

@@ -107,6 +107,9 @@ extension BlueZSimulator {
         guard let a = adapters.first(where: { $0.path == call.path }) else { return call.reply.fail(Self.doesNotExist) }
         guard let path = call.arguments.first?.objectPath else { return call.reply.fail(Self.invalidArguments) }
         guard a.powered else { return call.reply.fail(Self.notReady) }
+        if let central = centrals.first(where: { $0.devicePath == path && $0.adapterID == a.spec.id }) {
+            return removeCentral(central, call)
+        }
         guard let d = device(at: path), d.exported, d.adapterID == a.spec.id else {
             return call.reply.fail(Self.doesNotExist)
         }
@@ -226,6 +229,7 @@ extension BlueZSimulator {
         monitorApps.removeAll { $0.owner == name }
         monitors.removeAll { $0.owner == name }
         if before != monitors.count { count("monitors_dropped") }
+        localClientLeft(name)
     }
 
     // MARK: AdvertisementMonitor

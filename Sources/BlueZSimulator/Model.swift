@@ -154,6 +154,9 @@ final class SimAdapter: @unchecked Sendable {
     /// Discovery filters per unique name (kept until the name leaves the bus).
     var filters: [String: SimDiscoveryFilter] = [:]
     var powered: Bool
+    /// gatt_db's next_handle for the adapter's local database: bluetoothd's GAP (7 handles), GATT (10) and
+    /// Device Information (3) services come first (populate_*_service in src/gatt-database.c).
+    var nextHandle = 0x0015
     init(spec: SimAdapterSpec) {
         self.spec = spec
         path = DBusObjectPath(stringLiteral: "/org/bluez/" + spec.id)

@@ -85,23 +85,22 @@ extension BlueZSimulator {
         let gattManager = DBusInterfaceSpec(
             "org.bluez.GattManager1",
             methods: [
-                DBusMethodSpec("RegisterApplication", in: "oa{sv}", argumentNames: ["application", "options"]) { _ in
-                    .error(BlueZSimulator.notSupported)
-                },
-                DBusMethodSpec("UnregisterApplication", in: "o", argumentNames: ["application"]) { _ in
-                    .error(BlueZSimulator.doesNotExist)
-                },
+                DBusMethodSpec(
+                    "RegisterApplication", in: "oa{sv}", argumentNames: ["application", "options"],
+                    handler: onQueue { $0.registerApplication($1) }),
+                DBusMethodSpec(
+                    "UnregisterApplication", in: "o", argumentNames: ["application"],
+                    handler: onQueue { $0.unregisterApplication($1) }),
             ])
         let advertising = DBusInterfaceSpec(
             "org.bluez.LEAdvertisingManager1",
             methods: [
-                DBusMethodSpec("RegisterAdvertisement", in: "oa{sv}", argumentNames: ["advertisement", "options"]) {
-                    _ in
-                    .error(BlueZSimulator.notSupported)
-                },
-                DBusMethodSpec("UnregisterAdvertisement", in: "o", argumentNames: ["service"]) { _ in
-                    .error(BlueZSimulator.doesNotExist)
-                },
+                DBusMethodSpec(
+                    "RegisterAdvertisement", in: "oa{sv}", argumentNames: ["advertisement", "options"],
+                    handler: onQueue { $0.registerAdvertisement($1) }),
+                DBusMethodSpec(
+                    "UnregisterAdvertisement", in: "o", argumentNames: ["service"],
+                    handler: onQueue { $0.unregisterAdvertisement($1) }),
             ],
             properties: [
                 DBusPropertySpec("ActiveInstances", "y"), DBusPropertySpec("SupportedInstances", "y"),
@@ -145,6 +144,7 @@ extension BlueZSimulator {
             linkDown(d, reason: ("org.bluez.Reason.Local", "Connection terminated by local host"))
         }
         for sender in a.sessions { endSession(a, sender) }
+        localPoweredOff(a.spec.id)
     }
 
     func exportRoot() {

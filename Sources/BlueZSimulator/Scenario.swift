@@ -220,6 +220,9 @@ public struct Scenario: Sendable, Equatable {
     public var mtu: UInt16
     /// Keep GATT objects exported across disconnects (BlueZ `[GATT] Cache = always`).
     public var gattCache: Bool
+    /// Seconds bluetoothd waits for a local GATT application's or advertisement's answer before the simulated
+    /// central gets an ATT error (`settings.local_gatt_timeout`; real bluetoothd waits the D-Bus default of 25 s).
+    public var localGATTTimeout: Double = 5
 
     /// Parses and validates scenario text (YAML or JSON).
     public static func parse(_ text: String) throws(ScenarioError) -> Scenario {
@@ -375,8 +378,12 @@ enum ScenarioReader {
         var temporaryTimeout = 30.0
         var mtu: UInt16 = 517
         var cache = true
+        var localTimeout = 5.0
         if let s = root["settings"] {
-            let settings = try mapping(s, "settings", allowed: ["temporary_timeout", "mtu", "gatt_cache"])
+            let settings = try mapping(
+                s, "settings", allowed: ["temporary_timeout", "mtu", "gatt_cache", "local_gatt_timeout"])
+            localTimeout =
+                try number(settings["local_gatt_timeout"], "settings.local_gatt_timeout", min: 0.05) ?? 5
             temporaryTimeout = try number(settings["temporary_timeout"], "settings.temporary_timeout", min: 0.01) ?? 30
             mtu = UInt16(try int(settings["mtu"], "settings.mtu", range: 23...517) ?? 517)
             cache = try bool(settings["gatt_cache"], "settings.gatt_cache", default: true)
@@ -415,7 +422,7 @@ enum ScenarioReader {
         }
         return Scenario(
             adapters: adapters, peripherals: peripherals, temporaryTimeout: temporaryTimeout, mtu: mtu,
-            gattCache: cache)
+            gattCache: cache, localGATTTimeout: min(localTimeout, 600))
     }
 
     static let peripheralKeys: Set<String> = [

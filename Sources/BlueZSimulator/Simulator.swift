@@ -52,6 +52,16 @@ public final class BlueZSimulator: @unchecked Sendable {
     /// Adapters taken away with RemoveAdapter; one added back with the same address takes their peripherals.
     var removedAdapters: [SimAdapterSpec] = []
     var counters: [String: Int] = [:]
+    /// GATT applications (GattManager1) and their registrations still reading the app's objects.
+    var localApps: [SimLocalApp] = []
+    var pendingApps: [(owner: String, path: DBusObjectPath, adapterID: String)] = []
+    /// Remote centrals connected to local adapters (control interface).
+    var centrals: [SimCentral] = []
+    /// LE advertisements (LEAdvertisingManager1), in registration order, and registrations still reading theirs.
+    var advertisements: [SimLocalAdvertisement] = []
+    var pendingAds: [(owner: String, path: DBusObjectPath, adapterID: String)] = []
+    /// What the app answered to the last failed Write Command (the central never sees it).
+    var lastCommandError: String?
     private let lost = Mutex<[CheckedContinuation<Void, Never>]?>([])
     private let stopRequested = Mutex(false)
     private let logVerbose: Bool
@@ -214,6 +224,13 @@ public final class BlueZSimulator: @unchecked Sendable {
         }
         monitors = []
         monitorApps = []
+        for app in localApps { app.watch?.cancel() }
+        for ad in advertisements { ad.watch?.cancel() }
+        localApps = []
+        pendingApps = []
+        centrals = []
+        advertisements = []
+        pendingAds = []
         removedAdapters = []
     }
 
