@@ -494,8 +494,22 @@ extension BlueZSimulator {
     }
 
     func localAttribute(_ central: SimCentral, _ call: DBusMethodCall) -> LocalAttribute? {
+        // An object path (from GetLocalGatt) picks one attribute when several share a UUID.
+        if call.arguments.count > 1, let text = call.arguments[1].string, text.hasPrefix("/") {
+            for app in localApps where app.adapterID == central.adapterID {
+                for c in app.characteristics {
+                    if c.path.rawValue == text { return .characteristic(app, c) }
+                    if let d = c.descriptors.first(where: { $0.path.rawValue == text }) {
+                        return .descriptor(app, c, d)
+                    }
+                }
+            }
+            call.reply.fail(
+                Self.controlFailure("DoesNotExist", "No local characteristic or descriptor at \(text)"))
+            return nil
+        }
         guard call.arguments.count > 1, let text = call.arguments[1].string, let uuid = SimUUID(text) else {
-            call.reply.fail(Self.controlFailure("InvalidArguments", "expected a UUID"))
+            call.reply.fail(Self.controlFailure("InvalidArguments", "expected a UUID or an object path"))
             return nil
         }
         for app in localApps where app.adapterID == central.adapterID {
