@@ -124,6 +124,8 @@ final class LocalRegistrationDriver: Sendable {
         var registered: Registered?
         var released = false
         var running = false
+        /// A registration call whose answer was not awaited (the task was cancelled): bluetoothd may have taken it.
+        var inFlight: Registered?
     }
 
     let client: BlueZClient
@@ -208,7 +210,12 @@ final class LocalRegistrationDriver: Sendable {
                     logger.info("\(hooks.label): registered on adapter \(adapter.name)")
                     hooks.registered(adapter)
                 } catch {
-                    if Task.isCancelled || error.name == DBusError.cancelled { break }
+                    if Task.isCancelled || error.name == DBusError.cancelled {
+                        state.withLock {
+                            $0.inFlight = Registered(adapter: adapter, owner: owner, connection: connection)
+                        }
+                        break
+                    }
                     let delay = backoff.take()
                     retryAt = .now + delay
                     let failure = BlueZRegistrationFailure(
@@ -275,22 +282,24 @@ final class LocalRegistrationDriver: Sendable {
     }
 
     private func shutDown() async {
-        let (registered, connection, server) = state.withLock { s in
+        let (registered, connection, server, inFlight) = state.withLock { s in
             defer {
+                s.inFlight = nil
                 s.registered = nil
                 s.server = nil
                 s.connection = nil
                 s.running = false
             }
-            return (s.registered, s.connection, s.server)
+            return (s.registered, s.connection, s.server, s.inFlight)
         }
+        let target = registered ?? inFlight
         let hooks = self.hooks
         // A task of its own: this one is cancelled, and a cancelled task's calls end at once.
         await Task {
-            if let registered, registered.connection.isConnected {
+            if let target, target.connection.isConnected {
                 do {
-                    _ = try await registered.connection.call(
-                        destination: BlueZName.service, path: DBusObjectPath(stringLiteral: registered.adapter.path),
+                    _ = try await target.connection.call(
+                        destination: BlueZName.service, path: DBusObjectPath(stringLiteral: target.adapter.path),
                         interface: hooks.managerInterface, method: hooks.unregisterMethod,
                         arguments: [.objectPath(hooks.objectPath)], timeout: .seconds(5))
                 } catch {

@@ -32,12 +32,17 @@ final class FakeBluetoothd: Sendable {
     let calls = Locked<[Call]>([])
     /// Registrations to refuse with org.bluez.Error.Failed before accepting again.
     let refuse = Locked(0)
+    /// When set, registrations get no answer (their replies are kept here).
+    let hold = Locked(false)
+    let held = Locked<[DBusPendingReply]>([])
 
     init(address: String) async throws {
         connection = try await DBusConnection.open(.address(address))
         server = DBusObjectServer(connection: connection, objectManagerPath: "/", propertyErrors: .bluez)
         let calls = self.calls
         let refuse = self.refuse
+        let hold = self.hold
+        let held = self.held
         func recorder(_ name: String, _ signature: DBusSignature, registration: Bool) -> DBusMethodSpec {
             DBusMethodSpec(name, in: signature) { call in
                 calls.withLock {
@@ -47,6 +52,10 @@ final class FakeBluetoothd: Sendable {
                     guard registration, remaining > 0 else { return false }
                     remaining -= 1
                     return true
+                }
+                if registration, hold.withLock({ $0 }) {
+                    held.withLock { $0.append(call.reply) }
+                    return .deferred
                 }
                 if refused {
                     return .error(DBusError(name: "org.bluez.Error.Failed", message: "refused by the test"))
@@ -429,7 +438,13 @@ func options(_ entries: [(String, DBusValue)] = []) -> DBusValue { .stringVarian
             return (values, notifying)
         }
         for value in sequence(count) { try t.app.setValue(value, for: "level") }
-        let (values, notifying) = try await within(10, "500 notifications") { await collected.value }
+        let (values, notifying) = try await within(10, "500 notifications") {
+            await withTaskCancellationHandler {
+                await collected.value
+            } onCancel: {
+                collected.cancel()
+            }
+        }
         #expect(values == sequence(count))
         #expect(notifying == true)
         _ = try await t.call(levelPath, "StopNotify")
@@ -549,6 +564,9 @@ func options(_ entries: [(String, DBusValue)] = []) -> DBusValue { .stringVarian
     @Test func cancellingUnregistersAndRemovesTheObjects() async throws {
         let t = try await RunningApplication()
         let sender = t.registration.sender
+        try await eventually(5, "registered") {
+            t.events.count { if case .registered = $0 { return true } else { return false } } == 1
+        }
         t.task.cancel()
         let unregister = try await t.fake.waitForCall("UnregisterApplication")
         #expect(unregister.path == t.app.path)
@@ -561,6 +579,18 @@ func options(_ entries: [(String, DBusValue)] = []) -> DBusValue { .stringVarian
             t.registration, t.app.path, "org.freedesktop.DBus.ObjectManager", "GetManagedObjects")
         #expect(error != nil)
         #expect(t.app.driver.withLock { $0 } == nil)
+    }
+
+    @Test func cancellingWhileRegistrationIsUnansweredStillUnregisters() async throws {
+        let fixture = try await PeripheralFixture()
+        fixture.fake.hold.withLock { $0 = true }
+        let t = try await RunningApplication(fixture: fixture)
+        t.task.cancel()
+        let unregister = try await t.fake.waitForCall("UnregisterApplication")
+        #expect(unregister.path == t.app.path)
+        _ = await t.task.value
+        #expect(!t.events.all.contains { if case .registered = $0 { return true } else { return false } })
+        fixture.fake.held.withLock { $0 = [] }
     }
 
     @Test func rejectsDuplicateIDsAndBadUUIDs() async throws {
