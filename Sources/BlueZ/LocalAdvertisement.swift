@@ -258,14 +258,18 @@ public final class BlueZAdvertisement: Sendable {
         guard let server = driver.withLock({ $0?.server }) else { return }
         let before = old.properties
         let after = data.properties
-        for spec in LocalAdvertisementData.propertySpecs {
-            let name = spec.name
-            if let value = after[name] {
-                if before[name] != value {
-                    server.setProperty(at: objectPath, interface: Self.interface, name, value)
+        let path = objectPath
+        // On the dispatch thread, where held-back changes are flushed only when it idles: one signal for all.
+        server.perform {
+            for spec in LocalAdvertisementData.propertySpecs {
+                let name = spec.name
+                if let value = after[name] {
+                    if before[name] != value {
+                        server.setProperty(at: path, interface: Self.interface, name, value)
+                    }
+                } else if before[name] != nil {
+                    server.invalidateProperty(at: path, interface: Self.interface, name)
                 }
-            } else if before[name] != nil {
-                server.invalidateProperty(at: objectPath, interface: Self.interface, name)
             }
         }
     }

@@ -151,11 +151,14 @@ final class PeripheralFixture: Sendable {
     let fake: FakeBluetoothd
     let client: BlueZClient
 
-    init() async throws {
+    /// - Parameter stableAddress: point the client at the bus address without its guid, so that it can reconnect
+    ///   to a dbus-daemon relaunched on the same socket.
+    init(stableAddress: Bool = false) async throws {
         bus = try await PrivateBus.start()
         fake = try await FakeBluetoothd(address: bus.address)
         client = try await BlueZClient.open(
-            bus: .address(bus.address), logger: BlueZLogger(handler: TestLogHandler(), level: .debug))
+            bus: .address(stableAddress ? bus.stableAddress : bus.address),
+            logger: BlueZLogger(handler: TestLogHandler(), level: .debug))
         try await client.start(timeout: .seconds(10))
         _ = try await client.waitForAdapter(.name("hci0"), timeout: .seconds(5))
     }
@@ -579,6 +582,53 @@ func options(_ entries: [(String, DBusValue)] = []) -> DBusValue { .stringVarian
             t.registration, t.app.path, "org.freedesktop.DBus.ObjectManager", "GetManagedObjects")
         #expect(error != nil)
         #expect(t.app.driver.withLock { $0 } == nil)
+    }
+
+    @Test func registersAgainWhenTheAdapterComesBack() async throws {
+        let t = try await RunningApplication()
+        let adapter = t.fake.server.property(
+            at: FakeBluetoothd.adapterPath, interface: "org.bluez.Adapter1", "Address")
+        #expect(adapter?.string == "00:1A:7D:DA:71:10")
+        t.fake.server.removeInterfaces(at: FakeBluetoothd.adapterPath, ["org.bluez.Adapter1"])
+        try await eventually(5, "unregistered: adapter removed") {
+            t.events.all.contains(.unregistered(reason: .adapterRemoved(adapter: "hci0")))
+        }
+        #expect(t.fake.calls("RegisterApplication").count == 1)
+        t.fake.server.addInterfaces(
+            at: FakeBluetoothd.adapterPath,
+            [
+                (
+                    DBusInterfaceSpec(
+                        "org.bluez.Adapter1",
+                        properties: [DBusPropertySpec("Address", "s"), DBusPropertySpec("Powered", "b")]),
+                    ["Address": .string("00:1A:7D:DA:71:10"), "Powered": .boolean(true)]
+                )
+            ])
+        _ = try await t.fake.waitForCall("RegisterApplication", count: 2)
+        try await eventually(5, "registered again") {
+            t.events.count { if case .registered = $0 { return true } else { return false } } == 2
+        }
+    }
+
+    @Test func registersAgainAfterTheBusComesBack() async throws {
+        let fixture = try await PeripheralFixture(stableAddress: true)
+        let t = try await RunningApplication(fixture: fixture)
+        try await eventually(5, "registered") {
+            t.events.count { if case .registered = $0 { return true } else { return false } } == 1
+        }
+        fixture.bus.killDaemon()
+        try await eventually(10, "unregistered: bus lost") { t.events.all.contains(.unregistered(reason: .busLost)) }
+        let daemon = try await fixture.bus.relaunchDaemon()
+        defer { daemon.stop() }
+        let fake = try await FakeBluetoothd(address: fixture.bus.stableAddress)
+        defer { fake.close() }
+        let call = try await fake.waitForCall("RegisterApplication", seconds: 15)
+        #expect(call.path == t.app.path)
+        let value = try await fake.call(call, t.app.path + namePath, characteristicInterface, "ReadValue", [options()])
+        #expect(value.first?.bytes == Array("blebridge".utf8))
+        try await eventually(5, "registered again") {
+            t.events.count { if case .registered = $0 { return true } else { return false } } == 2
+        }
     }
 
     @Test func cancellingWhileRegistrationIsUnansweredStillUnregisters() async throws {
