@@ -114,18 +114,26 @@ public struct DBusMethodSpec: Sendable {
     public let argumentNames: [String]
     /// Names of the results (for introspection).
     public let resultNames: [String]
+    /// True when calls with any signature reach the handler (which then checks the arguments itself and answers
+    /// with its own error name, as BlueZ's `org.bluez.Error.InvalidArguments`); `inSignature` is then only what
+    /// introspection shows.
+    public let acceptsAnySignature: Bool
     let handler: DBusMethodHandler
 
     /// Declares a method.
+    /// - Parameter acceptingAnySignature: hand calls of every signature to `handler` instead of answering
+    ///   UnknownMethod to those whose signature is not `inSignature`.
     public init(
         _ name: String, in inSignature: DBusSignature = "", out outSignature: DBusSignature = "",
-        argumentNames: [String] = [], resultNames: [String] = [], handler: @escaping DBusMethodHandler
+        argumentNames: [String] = [], resultNames: [String] = [], acceptingAnySignature: Bool = false,
+        handler: @escaping DBusMethodHandler
     ) {
         self.name = name
         self.inSignature = inSignature
         self.outSignature = outSignature
         self.argumentNames = argumentNames
         self.resultNames = resultNames
+        self.acceptsAnySignature = acceptingAnySignature
         self.handler = handler
     }
 }
@@ -735,7 +743,7 @@ final class ServerState: ConnectionClient, @unchecked Sendable {
         }
         for entry in candidates {
             guard let method = entry.spec.methods.first(where: { $0.name == member }),
-                method.inSignature.rawValue == signature
+                method.acceptsAnySignature || method.inSignature.rawValue == signature
             else { continue }
             let call = DBusMethodCall(
                 message: decoded, sender: decoded.sender ?? "", path: path, interface: entry.spec.name, member: member,
