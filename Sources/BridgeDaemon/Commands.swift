@@ -13,8 +13,8 @@ import Logging
 
 /// The daemon's subcommands.
 public enum BridgeDaemonCommands {
-    /// run, check-config.
-    public static let all: [any CLICommand.Type] = [RunCommand.self, CheckConfigCommand.self]
+    /// run, serve, check-config.
+    public static let all: [any CLICommand.Type] = [RunCommand.self, ServeCommand.self, CheckConfigCommand.self]
 }
 
 /// Reads and checks a configuration file, or says exactly why not.
@@ -84,6 +84,65 @@ public enum CheckConfigCommand: CLICommand {
     }
 }
 
+/// The logger `run` and `serve` share: `--log-level`, `--log-json` or the config's `logging`.
+func daemonLogger(_ args: BLEArguments, _ config: BridgeConfig, command: String) -> Logger? {
+    let levelName = args.value("--log-level") ?? config.logging.level
+    guard let level = LogLevel(name: levelName) else {
+        writeErr("blebridge \(command): --log-level: '\(levelName)' is not one of trace, debug, info, warning, error")
+        return nil
+    }
+    let format: StandardErrorLogHandler.Format =
+        args.flags.contains("--log-json") || config.logging.format == "json" ? .json : .text
+    return Logger(handler: StandardErrorLogHandler(format: format), level: level)
+}
+
+/// `blebridge serve --config FILE`.
+public enum ServeCommand: CLICommand {
+    /// The subcommand's name.
+    public static let name = "serve"
+    /// One line for `--help`.
+    public static let summary = "run only the peripheral role: MQTT values served over GATT and broadcast"
+    /// Usage.
+    public static let usage = """
+        usage: blebridge serve --config FILE [--log-level LEVEL] [--log-json]
+
+        Runs only the configuration's `peripheral:` section (GATT services bound to MQTT topics, the connectable
+        advertisement and the BTHome broadcast) until SIGTERM or SIGINT; the central role (devices) is not started.
+        FILE is documented in config/README.md.
+          --config FILE       the configuration (YAML or JSON) with a `peripheral:` section
+          --log-level LEVEL   trace, debug, info, warning, error (overrides logging.level)
+          --log-json          log JSON lines instead of text (overrides logging.format)
+        """
+
+    /// Runs it.
+    public static func run(_ arguments: [String]) async -> Int32 {
+        let args: BLEArguments
+        do {
+            args = try BLEArguments(arguments, valued: ["--config", "--log-level"], flags: ["--log-json"])
+        } catch {
+            writeErr("blebridge serve: \(error.message)")
+            return ExitCode.usage
+        }
+        guard let path = args.value("--config"), args.positional.isEmpty else {
+            writeErr("blebridge serve: --config FILE is required\n\n\(usage)")
+            return ExitCode.usage
+        }
+        let config: BridgeConfig
+        switch loadConfig(path) {
+        case .failure(let errors):
+            for e in errors.errors { writeErr("blebridge serve: \(path): \(e)") }
+            return ExitCode.configError
+        case .success(let c): config = c
+        }
+        guard config.peripheral != nil else {
+            writeErr("blebridge serve: \(path): no 'peripheral' section: nothing to serve (see config/README.md)")
+            return ExitCode.configError
+        }
+        guard let logger = daemonLogger(args, config, command: "serve") else { return ExitCode.usage }
+        return await ServeDaemon(config: config, logger: logger).run()
+    }
+}
+
 /// `blebridge run --config FILE`.
 public enum RunCommand: CLICommand {
     /// The subcommand's name.
@@ -124,14 +183,7 @@ public enum RunCommand: CLICommand {
             return ExitCode.configError
         case .success(let c): config = c
         }
-        let levelName = args.value("--log-level") ?? config.logging.level
-        guard let level = LogLevel(name: levelName) else {
-            writeErr("blebridge run: --log-level: '\(levelName)' is not one of trace, debug, info, warning, error")
-            return ExitCode.usage
-        }
-        let format: StandardErrorLogHandler.Format =
-            args.flags.contains("--log-json") || config.logging.format == "json" ? .json : .text
-        let logger = Logger(handler: StandardErrorLogHandler(format: format), level: level)
+        guard let logger = daemonLogger(args, config, command: "run") else { return ExitCode.usage }
         var stateDirectory = args.value("--state-dir") ?? currentEnvironment()["STATE_DIRECTORY"]
         // systemd may pass several directories separated by ':'; the first is ours.
         if let first = stateDirectory?.split(separator: ":").first { stateDirectory = String(first) }

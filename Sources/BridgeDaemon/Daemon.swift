@@ -78,7 +78,8 @@ struct Daemon {
         let bridge = Bridge(
             config: config, central: PreStartedCentral(central), mqtt: mqtt, clock: SystemBridgeClock(),
             logger: logger, gatewayName: host, processStatistics: processStatistics,
-            configSource: { loadConfig(path) }, store: stateDirectory.map { FileStateStore(directory: $0) })
+            configSource: { loadConfig(path) }, store: stateDirectory.map { FileStateStore(directory: $0) },
+            peripheralHost: config.peripheral == nil ? nil : BlueZPeripheralHost(central: central, logger: logger))
         var metrics: MetricsHTTPServer?
         if let listen = config.metricsListen {
             do {
@@ -236,4 +237,71 @@ func monotonicMicroseconds() -> Int64 {
     var ts = timespec()
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
+}
+
+/// `blebridge serve`: the peripheral role alone, stopped on SIGTERM/SIGINT.
+struct ServeDaemon {
+    let config: BridgeConfig
+    let logger: Logger
+
+    func run() async -> Int32 {
+        Bridge.cipher = OpenSSLAESCCM()
+        let host = Daemon(config: config, configPath: "", stateDirectory: nil, logger: logger).hostName()
+        let transport: MQTTBrokerTransport
+        do {
+            transport = try MQTTBrokerTransport(settings: config.mqtt, defaultClientID: "blebridge-serve-\(host)")
+        } catch {
+            logger.error("configuration: \(error)")
+            return ExitCode.configError
+        }
+        let central: BlueZCentral
+        do {
+            central = try BlueZCentral(logger: logger)
+        } catch {
+            logger.error("\(error.message)")
+            return ExitCode.unavailable
+        }
+        do {
+            _ = try await central.start()
+        } catch {
+            if error.kind == .notPermitted {
+                logger.error("\(error.message)")
+                await central.close()
+                return ExitCode.notPermitted
+            }
+            logger.warning("\(error.message); serving starts when bluetoothd is there")
+        }
+        do {
+            try transport.client.start()
+        } catch {
+            logger.error("MQTT: \(error)")
+            await central.close()
+            return ExitCode.configError
+        }
+        let runner = PeripheralBridge(
+            config: config, host: BlueZPeripheralHost(central: central, logger: logger), mqtt: transport,
+            clock: SystemBridgeClock(), logger: logger, gatewayName: host)
+        let notifier = SystemdNotifier()
+        let runTask = Task { await runner.run() }
+        let queue = DispatchQueue(label: "blebridge.serve")
+        var sources: [any DispatchSourceSignal] = []
+        for sig in [SIGINT, SIGTERM] {
+            signal(sig, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: sig, queue: queue)
+            source.setEventHandler {
+                if runTask.isCancelled { exit(128 + sig) }
+                notifier.send("STOPPING=1")
+                runTask.cancel()
+            }
+            source.resume()
+            sources.append(source)
+        }
+        notifier.send("READY=1\nSTATUS=serving")
+        await runTask.value
+        for source in sources { source.cancel() }
+        await central.close()
+        await transport.client.disconnect()
+        logger.labelled(component: "serve").info("exit")
+        return ExitCode.success
+    }
 }

@@ -54,6 +54,18 @@ func metricsText(_ bridge: Bridge) -> PrometheusText {
             gauge("blebridge_process_threads", "Threads of the bridge process.", Double(n))
         }
     }
+    if let p = bridge.peripheral?.snapshot {
+        gauge("blebridge_peripheral_registered", "1 while the GATT application is registered.", p.registered ? 1 : 0)
+        gauge("blebridge_peripheral_advertising", "1 while the connectable advertisement is on.", p.advertising ? 1 : 0)
+        gauge("blebridge_peripheral_centrals", "Centrals connected to the served services.", Double(p.centrals))
+        counter("blebridge_peripheral_values_set_total", "Values from MQTT set on served characteristics.", p.counters.valuesSet)
+        counter(
+            "blebridge_peripheral_encode_errors_total", "Values from MQTT that could not be encoded (dropped).",
+            p.counters.encodeErrors)
+        counter("blebridge_peripheral_writes_total", "Central writes published on a sink topic.", p.counters.writes)
+        counter("blebridge_peripheral_write_errors_total", "Central writes refused with an ATT error.", p.counters.writeErrors)
+        counter("blebridge_peripheral_broadcasts_total", "BTHome broadcast data updates.", p.counters.broadcasts)
+    }
     for d in devices {
         if let seen = d.lastSeen {
             gauge(
