@@ -82,7 +82,8 @@ public struct LocalGATTFlags: OptionSet, Sendable, Hashable {
     /// The `Flags` strings BlueZ reads.
     public var bluezStrings: [String] { Self.bluezNames.filter { contains($0.0) }.map(\.1) }
 
-    /// Parses BlueZ's strings; nil names the first unknown one.
+    /// Parses BlueZ's strings.
+    /// - Throws: `BlueZError.invalidArgument` naming the first string that is not one of BlueZ's flags.
     public init(bluezStrings: [String]) throws(BlueZError) {
         var flags: LocalGATTFlags = []
         for text in bluezStrings {
@@ -317,7 +318,7 @@ public enum LocalGATTEvent: Sendable, Hashable {
     case registrationFailed(BlueZRegistrationFailure)
     /// A central read a characteristic (or one of its descriptors).
     case read(device: String?, characteristicID: String, descriptorUUID: String?)
-    /// A write was accepted (from `WriteValue` or the `AcquireWrite` socket).
+    /// A write was accepted (from `WriteValue` or the `AcquireWrite` socket; not a `prepare-authorize` check).
     case write(
         device: String?, characteristicID: String, descriptorUUID: String?, bytes: [UInt8], type: LocalGATTWriteType)
     /// Notifications or indications were enabled.
@@ -588,21 +589,18 @@ public final class BlueZGATTApplication: Sendable {
         }
         continuation.yield(.unregistered(reason: reason))
         if reason != .cancelled, let server = driver.withLock({ $0?.server }) {
-            for (index, entry) in entries.enumerated() {
+            for entry in entries {
                 let c = entry.characteristic
+                let interface = BlueZName.characteristic
                 if c.flags.allowsNotify {
-                    server.setProperty(
-                        at: entry.path, interface: BlueZName.characteristic, "Notifying", .boolean(false))
+                    server.setProperty(at: entry.path, interface: interface, "Notifying", .boolean(false))
                 }
                 if c.offersAcquireNotify {
-                    server.setProperty(
-                        at: entry.path, interface: BlueZName.characteristic, "NotifyAcquired", .boolean(false))
+                    server.setProperty(at: entry.path, interface: interface, "NotifyAcquired", .boolean(false))
                 }
                 if c.offersAcquireWrite {
-                    server.setProperty(
-                        at: entry.path, interface: BlueZName.characteristic, "WriteAcquired", .boolean(false))
+                    server.setProperty(at: entry.path, interface: interface, "WriteAcquired", .boolean(false))
                 }
-                _ = index
             }
         }
     }
@@ -826,6 +824,8 @@ public final class BlueZGATTApplication: Sendable {
         }
         job.reply?.succeed([])
         let w = job.write
+        // Authorising a prepared write is not yet a write: the execute comes later.
+        guard !w.prepareAuthorize else { return }
         continuation.yield(
             .write(
                 device: w.device, characteristicID: w.characteristicID, descriptorUUID: w.descriptorUUID,

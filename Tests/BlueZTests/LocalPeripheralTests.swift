@@ -392,6 +392,14 @@ func options(_ entries: [(String, DBusValue)] = []) -> DBusValue { .stringVarian
         #expect(
             await t.errorName(commandPath, "WriteValue", [.bytes([7]), options([("offset", .uint16(5))])])
                 == "org.bluez.Error.InvalidOffset")
+        // A prepared write that bluetoothd only asks to authorize reaches the handler but is not stored.
+        _ = try await t.call(
+            commandPath, "WriteValue",
+            [.bytes([5]), options([("type", .string("reliable")), ("prepare-authorize", .boolean(true))])])
+        let prepared = try #require(t.log.writes.withLock { $0.last })
+        #expect(prepared.prepareAuthorize)
+        #expect(prepared.type == .reliable)
+        #expect(t.app.value(for: "command") == [1, 2, 9, 9])
         // Each refusal keeps the stored value and names bluetoothd's error.
         #expect(
             await t.errorName(commandPath, "WriteValue", [.bytes([0xE1]), options()])
