@@ -288,7 +288,9 @@ public enum LocalGATTError: Error, Sendable, Hashable, CustomStringConvertible {
 
 /// What the write handler answers.
 public enum LocalGATTWriteResult: Sendable, Hashable {
-    /// Accept: the stored value becomes the written bytes (at the offset).
+    /// Accept: the stored value becomes the written bytes (at the offset). The `Value` property follows unless a
+    /// central is subscribed (bluetoothd would send that change out as a notification); call
+    /// ``BlueZGATTApplication/setValue(_:for:)`` to notify.
     case accept
     /// Accept, but keep the stored value as it is (the application sets it itself, or the write is a command).
     case acceptWithoutStoring
@@ -835,7 +837,7 @@ public final class BlueZGATTApplication: Sendable {
     private func store(_ job: WriteJob) {
         let index = job.index
         let offset = job.write.offset
-        let value = state.withLock { s -> [UInt8] in
+        let (value, subscribed) = state.withLock { s -> ([UInt8], Bool) in
             var current =
                 job.descriptorIndex.map { s.characteristics[index].descriptorValues[$0] }
                 ?? s.characteristics[index].value
@@ -845,14 +847,16 @@ public final class BlueZGATTApplication: Sendable {
             } else {
                 s.characteristics[index].value = current
             }
-            return current
+            let c = s.characteristics[index]
+            return (current, c.notifying || c.notifySocket != nil)
         }
         guard let server = driver.withLock({ $0?.server }) else { return }
         if let k = job.descriptorIndex {
             server.setProperty(
                 at: entries[index].descriptorPaths[k], interface: BlueZName.descriptor, "Value", .bytes(value))
-        } else {
-            // Quietly (coalesced): a central's own write is not a notification.
+        } else if !subscribed {
+            // While a central is subscribed, bluetoothd would send a change of Value out as a notification: a
+            // central's own write is not echoed (the application calls setValue to notify).
             server.setProperty(at: entries[index].path, interface: BlueZName.characteristic, "Value", .bytes(value))
         }
     }
