@@ -265,8 +265,13 @@ public enum LocalGATTError: Error, Sendable, Hashable, CustomStringConvertible {
     /// Codes outside that range reach the central as ATT Unlikely Error.
     case application(code: UInt8)
 
-    /// The D-Bus error sent to bluetoothd.
-    public var dbusError: DBusError {
+    /// The D-Bus error name sent to bluetoothd (`org.bluez.Error.NotPermitted`).
+    public var errorName: String { dbusError.name }
+
+    /// The error text sent with it (the code, "0x85", for an application error).
+    public var errorMessage: String { dbusError.message }
+
+    var dbusError: DBusError {
         switch self {
         case .notPermitted: return DBusError(name: "org.bluez.Error.NotPermitted", message: "Not permitted")
         case .invalidValueLength:
