@@ -82,7 +82,8 @@ public struct LocalGATTFlags: OptionSet, Sendable, Hashable {
     /// The `Flags` strings BlueZ reads.
     public var bluezStrings: [String] { Self.bluezNames.filter { contains($0.0) }.map(\.1) }
 
-    /// Parses BlueZ's strings; nil names the first unknown one.
+    /// Parses BlueZ's strings.
+    /// - Throws: `BlueZError.invalidArgument` naming the first string that is not one of BlueZ's flags.
     public init(bluezStrings: [String]) throws(BlueZError) {
         var flags: LocalGATTFlags = []
         for text in bluezStrings {
@@ -264,8 +265,13 @@ public enum LocalGATTError: Error, Sendable, Hashable, CustomStringConvertible {
     /// Codes outside that range reach the central as ATT Unlikely Error.
     case application(code: UInt8)
 
-    /// The D-Bus error sent to bluetoothd.
-    public var dbusError: DBusError {
+    /// The D-Bus error name sent to bluetoothd (`org.bluez.Error.NotPermitted`).
+    public var errorName: String { dbusError.name }
+
+    /// The error text sent with it (the code, "0x85", for an application error).
+    public var errorMessage: String { dbusError.message }
+
+    var dbusError: DBusError {
         switch self {
         case .notPermitted: return DBusError(name: "org.bluez.Error.NotPermitted", message: "Not permitted")
         case .invalidValueLength:
@@ -287,7 +293,9 @@ public enum LocalGATTError: Error, Sendable, Hashable, CustomStringConvertible {
 
 /// What the write handler answers.
 public enum LocalGATTWriteResult: Sendable, Hashable {
-    /// Accept: the stored value becomes the written bytes (at the offset).
+    /// Accept: the stored value becomes the written bytes (at the offset). The `Value` property follows unless a
+    /// central is subscribed (bluetoothd would send that change out as a notification); call
+    /// ``BlueZGATTApplication/setValue(_:for:)`` to notify.
     case accept
     /// Accept, but keep the stored value as it is (the application sets it itself, or the write is a command).
     case acceptWithoutStoring
@@ -317,7 +325,7 @@ public enum LocalGATTEvent: Sendable, Hashable {
     case registrationFailed(BlueZRegistrationFailure)
     /// A central read a characteristic (or one of its descriptors).
     case read(device: String?, characteristicID: String, descriptorUUID: String?)
-    /// A write was accepted (from `WriteValue` or the `AcquireWrite` socket).
+    /// A write was accepted (from `WriteValue` or the `AcquireWrite` socket; not a `prepare-authorize` check).
     case write(
         device: String?, characteristicID: String, descriptorUUID: String?, bytes: [UInt8], type: LocalGATTWriteType)
     /// Notifications or indications were enabled.
@@ -588,21 +596,18 @@ public final class BlueZGATTApplication: Sendable {
         }
         continuation.yield(.unregistered(reason: reason))
         if reason != .cancelled, let server = driver.withLock({ $0?.server }) {
-            for (index, entry) in entries.enumerated() {
+            for entry in entries {
                 let c = entry.characteristic
+                let interface = BlueZName.characteristic
                 if c.flags.allowsNotify {
-                    server.setProperty(
-                        at: entry.path, interface: BlueZName.characteristic, "Notifying", .boolean(false))
+                    server.setProperty(at: entry.path, interface: interface, "Notifying", .boolean(false))
                 }
                 if c.offersAcquireNotify {
-                    server.setProperty(
-                        at: entry.path, interface: BlueZName.characteristic, "NotifyAcquired", .boolean(false))
+                    server.setProperty(at: entry.path, interface: interface, "NotifyAcquired", .boolean(false))
                 }
                 if c.offersAcquireWrite {
-                    server.setProperty(
-                        at: entry.path, interface: BlueZName.characteristic, "WriteAcquired", .boolean(false))
+                    server.setProperty(at: entry.path, interface: interface, "WriteAcquired", .boolean(false))
                 }
-                _ = index
             }
         }
     }
@@ -826,6 +831,8 @@ public final class BlueZGATTApplication: Sendable {
         }
         job.reply?.succeed([])
         let w = job.write
+        // Authorising a prepared write is not yet a write: the execute comes later.
+        guard !w.prepareAuthorize else { return }
         continuation.yield(
             .write(
                 device: w.device, characteristicID: w.characteristicID, descriptorUUID: w.descriptorUUID,
@@ -835,7 +842,7 @@ public final class BlueZGATTApplication: Sendable {
     private func store(_ job: WriteJob) {
         let index = job.index
         let offset = job.write.offset
-        let value = state.withLock { s -> [UInt8] in
+        let (value, subscribed) = state.withLock { s -> ([UInt8], Bool) in
             var current =
                 job.descriptorIndex.map { s.characteristics[index].descriptorValues[$0] }
                 ?? s.characteristics[index].value
@@ -845,14 +852,16 @@ public final class BlueZGATTApplication: Sendable {
             } else {
                 s.characteristics[index].value = current
             }
-            return current
+            let c = s.characteristics[index]
+            return (current, c.notifying || c.notifySocket != nil)
         }
         guard let server = driver.withLock({ $0?.server }) else { return }
         if let k = job.descriptorIndex {
             server.setProperty(
                 at: entries[index].descriptorPaths[k], interface: BlueZName.descriptor, "Value", .bytes(value))
-        } else {
-            // Quietly (coalesced): a central's own write is not a notification.
+        } else if !subscribed {
+            // While a central is subscribed, bluetoothd would send a change of Value out as a notification: a
+            // central's own write is not echoed (the application calls setValue to notify).
             server.setProperty(at: entries[index].path, interface: BlueZName.characteristic, "Value", .bytes(value))
         }
     }

@@ -206,12 +206,14 @@ let batteryService = LocalGATTService(
             uuid: "12345678-1234-5678-1234-56789abcdef2", id: "stream", flags: [.read, .writeWithoutResponse],
             initialValue: [0]),
         LocalGATTCharacteristic(uuid: "2A00", id: "name", flags: [.read], initialValue: Array("blebridge".utf8)),
+        LocalGATTCharacteristic(uuid: "2A2B", id: "control", flags: [.write, .notify], acquire: []),
     ])
 
 let levelPath = "/service0/char0"
 let commandPath = "/service0/char1"
 let streamPath = "/service0/char2"
 let namePath = "/service0/char3"
+let controlPath = "/service0/char4"
 let characteristicInterface = "org.bluez.GattCharacteristic1"
 
 /// The write handler the tests use: refuses some byte patterns with each error kind, records the rest.
@@ -296,6 +298,7 @@ func options(_ entries: [(String, DBusValue)] = []) -> DBusValue { .stringVarian
         #expect(
             Set(tree.keys) == [
                 root + "/service0", root + levelPath, root + commandPath, root + streamPath, root + namePath,
+                root + controlPath,
                 root + levelPath + "/desc0", root + levelPath + "/desc1",
             ])
         let service = try #require(tree[root + "/service0"]?["org.bluez.GattService1"])
@@ -392,6 +395,14 @@ func options(_ entries: [(String, DBusValue)] = []) -> DBusValue { .stringVarian
         #expect(
             await t.errorName(commandPath, "WriteValue", [.bytes([7]), options([("offset", .uint16(5))])])
                 == "org.bluez.Error.InvalidOffset")
+        // A prepared write that bluetoothd only asks to authorize reaches the handler but is not stored.
+        _ = try await t.call(
+            commandPath, "WriteValue",
+            [.bytes([5]), options([("type", .string("reliable")), ("prepare-authorize", .boolean(true))])])
+        let prepared = try #require(t.log.writes.withLock { $0.last })
+        #expect(prepared.prepareAuthorize)
+        #expect(prepared.type == .reliable)
+        #expect(t.app.value(for: "command") == [1, 2, 9, 9])
         // Each refusal keeps the stored value and names bluetoothd's error.
         #expect(
             await t.errorName(commandPath, "WriteValue", [.bytes([0xE1]), options()])
@@ -416,6 +427,32 @@ func options(_ entries: [(String, DBusValue)] = []) -> DBusValue { .stringVarian
         try await eventually(5, "the write events") {
             t.events.count { if case .write(_, "command", nil, _, _) = $0 { return true } else { return false } } == 2
         }
+    }
+
+    @Test func aCentralsOwnWriteIsNotEchoedAsANotification() async throws {
+        let t = try await RunningApplication()
+        let control = try #require(
+            try await t.fake.call(
+                t.registration, t.app.path + controlPath, "org.freedesktop.DBus.Properties", "GetAll",
+                [.string(characteristicInterface)]
+            ).first?.stringVariantDictionary)
+        #expect(control["NotifyAcquired"] == nil)
+        #expect(control["Notifying"]?.bool == false)
+        let signals = try await t.fake.connection.signals(
+            matching: DBusMatchRule(
+                sender: t.registration.sender, interface: "org.freedesktop.DBus.Properties",
+                member: "PropertiesChanged", path: DBusObjectPath(stringLiteral: t.app.path + controlPath)))
+        _ = try await t.call(controlPath, "StartNotify")
+        _ = try await t.call(controlPath, "WriteValue", [.bytes([1]), options([("type", .string("request"))])])
+        #expect(t.app.value(for: "control") == [1])
+        try t.app.setValue([2], for: "control")
+        let first = try await within(5, "the first Value signal") {
+            for await message in signals {
+                if let value = message.body.dropFirst().first?.stringVariantDictionary?["Value"]?.bytes { return value }
+            }
+            throw TimeoutError("the signal stream ended")
+        }
+        #expect(first == [2])
     }
 
     @Test func startNotifyDeliversRapidValuesInOrderAsPropertiesChanged() async throws {
