@@ -2,7 +2,8 @@
 # The bridge demo: on a fresh Debian 12 machine, installs what it needs, builds, starts the simulated sensors of
 # config/demo-scenario.yaml on a private D-Bus (bluez-sim; nothing touches a real bluetoothd), a private mosquitto on
 # a free loopback port, and `blebridge run --config config/demo.yaml`, then prints the live MQTT traffic
-# (`topic payload` per line), sends one /set and one /get and shows their results.
+# (`topic payload` per line), sends one /set and one /get and shows their results, and does one round trip of the
+# peripheral role (a simulated phone reads a value served from MQTT and writes one that appears on MQTT).
 # Runs until interrupted, or for --seconds N. Cleans up on exit. The tools demo is scripts/demo-tools.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +54,7 @@ sed -n 's/^bluez-sim: //p' "$WORK/sim.out"
 
 sed "s|mqtt://127.0.0.1:1883|mqtt://127.0.0.1:$PORT|" config/demo.yaml >"$WORK/demo.yaml"
 echo "== live MQTT traffic (topic payload), Home Assistant discovery left out"
-mosquitto_sub -p "$PORT" -v -t 'blebridge/#' &
+mosquitto_sub -p "$PORT" -v -t 'blebridge/#' -t 'demo/#' &
 PIDS+=($!)
 sleep 0.3
 echo "== blebridge run --config config/demo.yaml   (its log goes to stderr)"
@@ -67,9 +68,23 @@ mosquitto_pub -p "$PORT" -t blebridge/echo/set -m '{"message":"hello","transacti
 sleep 1
 echo "== /get: blebridge/chest_strap/get {\"battery_pct\":\"\",\"transaction\":2}"
 mosquitto_pub -p "$PORT" -t blebridge/chest_strap/get -m '{"battery_pct":"","transaction":2}'
+sleep 1
+# The peripheral role, one round trip: bluez-sim plays a phone (a remote central) through its control interface.
+sim_call() {
+    busctl --address="$DBUS_SYSTEM_BUS_ADDRESS" --json=short call org.bluez /org/bluez/sim io.blebridge.Simulator1 "$@"
+}
+echo "== peripheral: a central connects to the bridge's GATT server and reads Temperature (2A6E)," \
+    "served from blebridge/balcony"
+sim_call CentralConnect ss "" 5C:F3:70:11:22:33 >/dev/null
+HEX="$(sim_call CentralRead ssu 5C:F3:70:11:22:33 2A6E 0 | python3 -c \
+    'import json,sys; print(bytes(json.load(sys.stdin)["data"][0]).hex())')"
+echo "   read 2A6E: $HEX = $("$BIN/blebridge" decode gatt 2A6E "$HEX")"
+echo "== peripheral: the central writes \"hi from BLE\" to the notes characteristic; it appears on demo/from_central"
+NOTE="$(python3 -c 'print(" ".join(str(b) for b in b"hi from BLE"))')"
+sim_call CentralWrite ssays 5C:F3:70:11:22:33 b1eb4e71-0000-4000-8000-00000000de70 11 $NOTE request >/dev/null
 
 if [ "$SECONDS_TO_RUN" != 0 ]; then
-    sleep "$(python3 -c "print(max(0, float('$SECONDS_TO_RUN') - 7))")"
+    sleep "$(python3 -c "print(max(0, float('$SECONDS_TO_RUN') - 8))")"
     kill -TERM "$BRIDGE" 2>/dev/null || true
     wait "$BRIDGE" 2>/dev/null || true
     sleep 0.3

@@ -91,7 +91,18 @@ final class PendingReplies: @unchecked Sendable {
 /// connection there has got past `connect()` and waits in the handshake.
 func connectionsWaitingToBeAccepted(_ bus: BusFixture) throws -> Int {
     let path = bus.bus.directory.url.appendingPathComponent("bus").path
-    let table = try String(contentsOfFile: "/proc/net/unix", encoding: .utf8)
+    // Read to the end in chunks: /proc files report size 0, and a whole-file read can stop at the first page
+    // (the table is longer than that when other tests' buses are up).
+    guard let file = fopen("/proc/net/unix", "r") else { throw CocoaError(.fileReadUnknown) }
+    defer { fclose(file) }
+    var bytes: [UInt8] = []
+    var chunk = [UInt8](repeating: 0, count: 65536)
+    while true {
+        let n = fread(&chunk, 1, chunk.count, file)
+        if n <= 0 { break }
+        bytes += chunk[0..<n]
+    }
+    let table = String(decoding: bytes, as: UTF8.self)
     return table.split(separator: "\n").filter { line in
         let fields = line.split(separator: " ", omittingEmptySubsequences: true)
         return fields.count >= 8 && fields[7] == path && fields[5] == "02"
