@@ -101,7 +101,9 @@ def test_reload_applies_changes_without_touching_other_devices(broker, demo_sim)
         end = text.index("  - name: echo")
         new = text[:start] + text[end:]
         new = new.replace("    throttle: 0.5", "    throttle: 1")
-        new += "  - name: ruuvi_again\n    match: {address: \"CB:B8:33:4C:88:4F\"}\n    mode: passive\n"
+        added = "  - name: ruuvi_again\n    match: {address: \"CB:B8:33:4C:88:4F\"}\n    mode: passive\n"
+        # At the end of the devices list (the demo config goes on with its peripheral section).
+        new = new.replace("\nperipheral:", "\n" + added + "peripheral:", 1) if "\nperipheral:" in new else new + added
         bridge.config.write_text(new)
         t = time.monotonic()
         bridge.proc.send_signal(signal.SIGHUP)
