@@ -293,3 +293,22 @@ def test_serve_runs_the_peripheral_alone(prig):
     assert wait_until(lambda: prig.ctl.read("2A19") == bytes([42]), 10)
     assert b.stop() == 0
     prig.judge.wait_json("blebridge/bridge/state", lambda v: v["state"] == "offline")
+
+
+def test_the_application_and_advertisements_come_back_with_the_adapter(prig):
+    b = prig.start()
+    assert wait_until(prig.registered, 20), b.log()[-3000:]
+    prig.judge.publish("home/ups/battery", "77")
+    prig.ctl.call("RemoveAdapter", "s", "hci0")
+    assert wait_until(lambda: not prig.registered(), 10)
+    prig.judge.wait_json("blebridge/bridge/event", lambda v: v["type"] == "peripheral_unregistered")
+    # The dongle comes back (as hci1): the application and the advertisement are registered on it again.
+    prig.ctl.call("AddAdapter", "s", '{"id": "hci1", "address": "00:1A:7D:DA:71:10"}')
+    assert wait_until(prig.registered, 20), f"not registered on the new adapter; log:\n{b.log()[-3000:]}"
+    assert wait_until(lambda: any(a["type"] == "peripheral" for a in prig.ctl.advertisements()), 10)
+    ev = prig.judge.wait_json("blebridge/bridge/event", lambda v: v["type"] == "peripheral_registered"
+                              and v["data"]["adapter"] == "hci1")
+    assert ev
+    prig.ctl.call("CentralConnect", "ss", "", CENTRAL)
+    assert wait_until(lambda: prig.ctl.read("2A19") == bytes([77]), 10)
+    assert b.stop() == 0
