@@ -57,6 +57,7 @@ public final class PeripheralService: Sendable {
         var packetID: UInt8 = 0
         var counter: UInt32 = 0
         var lastError: [String: String] = [:]
+        var lastRegistrationFailure: String?
         var counters = Counters()
     }
 
@@ -379,7 +380,10 @@ public final class PeripheralService: Sendable {
         let type: String
         switch e {
         case .registered(let adapter):
-            state.withLock { $0.registeredOn = adapter }
+            state.withLock {
+                $0.registeredOn = adapter
+                $0.lastRegistrationFailure = nil
+            }
             logger.info("GATT application registered on \(adapter)")
             type = "peripheral_registered"
             data = [("adapter", .string(adapter))]
@@ -393,7 +397,17 @@ public final class PeripheralService: Sendable {
             type = "peripheral_unregistered"
             data = [("reason", .string(reason))]
         case .registrationFailed(let reason):
-            logger.warning("GATT application registration failed: \(reason); retrying")
+            // Retried with backoff for as long as it fails: said once per distinct reason, then at debug level.
+            let key = reason.firstRange(of: "; retrying").map { String(reason[..<$0.lowerBound]) } ?? reason
+            let repeated = state.withLock { s -> Bool in
+                defer { s.lastRegistrationFailure = key }
+                return s.lastRegistrationFailure == key
+            }
+            if repeated {
+                logger.debug("GATT application registration failed again: \(reason)")
+            } else {
+                logger.warning("GATT application registration failed: \(reason); retrying until it succeeds")
+            }
             return
         case .advertising(let broadcast):
             state.withLock { if broadcast { $0.broadcasting = true } else { $0.advertising = true } }

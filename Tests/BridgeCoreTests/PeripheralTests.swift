@@ -354,6 +354,24 @@ let peripheralYAML = """
         }
     }
 
+    @Test func aRegistrationThatKeepsFailingIsLoggedOncePerReason() async throws {
+        try await withPeripheralBridge(peripheralYAML) { h, host in
+            for delay in [1, 2, 4, 5, 5] {
+                host.emit(
+                    .registrationFailed(
+                        "adapter hci0: RegisterApplication failed: org.bluez.Error.Failed; retrying in \(delay) s"))
+            }
+            host.emit(
+                .registrationFailed(
+                    "adapter hci0: RegisterApplication failed: org.bluez.Error.NotPermitted; retrying in 5 s"))
+            try await eventually("the failures logged") {
+                h.logs.entries.filter { $0.message.contains("registration failed") }.count == 6
+            }
+            let warnings = h.logs.entries.filter { $0.level == .warning && $0.message.contains("registration failed") }
+            #expect(warnings.count == 2, "\(warnings.map(\.message))")
+        }
+    }
+
     @Test func theConnectableAdvertisementCarriesTheNameAndServices() async throws {
         try await withPeripheralBridge(peripheralYAML) { h, host in
             try await eventually("advertising") { host.connectable.first?.running.withLock { $0 } == true }
