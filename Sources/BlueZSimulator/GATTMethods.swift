@@ -253,17 +253,7 @@ extension BlueZSimulator {
         let epoch = self.epoch
         // Datagrams are read on the timer queue (so the source does not fire again and again) and applied on the loop.
         source.setEventHandler { [weak self, weak socket, source] in
-            var datagrams: [[UInt8]] = []
-            var eof = false
-            reading: while true {
-                switch readDatagram(mine) {
-                case .datagram(let bytes): datagrams.append(bytes)
-                case .none: break reading
-                case .eof:
-                    eof = true
-                    break reading
-                }
-            }
+            let (datagrams, eof) = readAllDatagrams(mine)
             if eof { source.cancel() }
             guard let self, let socket else { return }
             let (received, closed) = (datagrams, eof)

@@ -681,17 +681,7 @@ extension BlueZSimulator {
         let source = DispatchSource.makeReadSource(fileDescriptor: fd, queue: queue)
         let epoch = self.epoch
         source.setEventHandler { [weak self, weak socket, source] in
-            var datagrams: [[UInt8]] = []
-            var eof = false
-            reading: while true {
-                switch readDatagram(fd) {
-                case .datagram(let bytes): datagrams.append(bytes)
-                case .none: break reading
-                case .eof:
-                    eof = true
-                    break reading
-                }
-            }
+            let (datagrams, eof) = readAllDatagrams(fd)
             if eof { source.cancel() }
             guard let self, let socket else { return }
             let (received, closed) = (datagrams, eof)

@@ -26,6 +26,19 @@ enum DatagramRead {
     case eof
 }
 
+/// Every datagram queued on `fd` now, and whether the peer closed it (read on the timer queue, so a read source does
+/// not fire again and again; the caller applies the result on the loop).
+func readAllDatagrams(_ fd: Int32) -> (datagrams: [[UInt8]], eof: Bool) {
+    var datagrams: [[UInt8]] = []
+    while true {
+        switch readDatagram(fd) {
+        case .datagram(let bytes): datagrams.append(bytes)
+        case .none: return (datagrams, false)
+        case .eof: return (datagrams, true)
+        }
+    }
+}
+
 func readDatagram(_ fd: Int32) -> DatagramRead {
     var buffer = [UInt8](repeating: 0, count: 512)
     let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }

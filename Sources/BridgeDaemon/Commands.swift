@@ -84,16 +84,49 @@ public enum CheckConfigCommand: CLICommand {
     }
 }
 
-/// The logger `run` and `serve` share: `--log-level`, `--log-json` or the config's `logging`.
-func daemonLogger(_ args: BLEArguments, _ config: BridgeConfig, command: String) -> Logger? {
-    let levelName = args.value("--log-level") ?? config.logging.level
-    guard let level = LogLevel(name: levelName) else {
-        writeErr("blebridge \(command): --log-level: '\(levelName)' is not one of trace, debug, info, warning, error")
-        return nil
+/// What `run` and `serve` read from their command line: the arguments, the checked configuration and the logger
+/// (`--log-level`, `--log-json`, or the configuration's `logging`).
+struct DaemonStart {
+    let args: BLEArguments
+    let path: String
+    let config: BridgeConfig
+    let logger: Logger
+
+    /// Parses `--config FILE [--log-level LEVEL] [--log-json]` plus `valued`, loads the file, or prints why not
+    /// and gives the exit status (64 usage, 78 configuration).
+    static func parse(_ arguments: [String], command: String, usage: String, valued: Set<String>)
+        -> Result<DaemonStart, StartFailure>
+    {
+        let args: BLEArguments
+        do {
+            args = try BLEArguments(
+                arguments, valued: Set(["--config", "--log-level"]).union(valued), flags: ["--log-json"])
+        } catch {
+            writeErr("blebridge \(command): \(error.message)")
+            return .failure(StartFailure(code: ExitCode.usage))
+        }
+        guard let path = args.value("--config"), args.positional.isEmpty else {
+            writeErr("blebridge \(command): --config FILE is required\n\n\(usage)")
+            return .failure(StartFailure(code: ExitCode.usage))
+        }
+        let config: BridgeConfig
+        switch loadConfig(path) {
+        case .failure(let errors):
+            for e in errors.errors { writeErr("blebridge \(command): \(path): \(e)") }
+            return .failure(StartFailure(code: ExitCode.configError))
+        case .success(let c): config = c
+        }
+        let levelName = args.value("--log-level") ?? config.logging.level
+        guard let level = LogLevel(name: levelName) else {
+            writeErr(
+                "blebridge \(command): --log-level: '\(levelName)' is not one of trace, debug, info, warning, error")
+            return .failure(StartFailure(code: ExitCode.usage))
+        }
+        let format: StandardErrorLogHandler.Format =
+            args.flags.contains("--log-json") || config.logging.format == "json" ? .json : .text
+        let logger = Logger(handler: StandardErrorLogHandler(format: format), level: level)
+        return .success(DaemonStart(args: args, path: path, config: config, logger: logger))
     }
-    let format: StandardErrorLogHandler.Format =
-        args.flags.contains("--log-json") || config.logging.format == "json" ? .json : .text
-    return Logger(handler: StandardErrorLogHandler(format: format), level: level)
 }
 
 /// `blebridge serve --config FILE`.
@@ -116,30 +149,16 @@ public enum ServeCommand: CLICommand {
 
     /// Runs it.
     public static func run(_ arguments: [String]) async -> Int32 {
-        let args: BLEArguments
-        do {
-            args = try BLEArguments(arguments, valued: ["--config", "--log-level"], flags: ["--log-json"])
-        } catch {
-            writeErr("blebridge serve: \(error.message)")
-            return ExitCode.usage
+        let start: DaemonStart
+        switch DaemonStart.parse(arguments, command: name, usage: usage, valued: []) {
+        case .failure(let exit): return exit.code
+        case .success(let s): start = s
         }
-        guard let path = args.value("--config"), args.positional.isEmpty else {
-            writeErr("blebridge serve: --config FILE is required\n\n\(usage)")
-            return ExitCode.usage
-        }
-        let config: BridgeConfig
-        switch loadConfig(path) {
-        case .failure(let errors):
-            for e in errors.errors { writeErr("blebridge serve: \(path): \(e)") }
-            return ExitCode.configError
-        case .success(let c): config = c
-        }
-        guard config.peripheral != nil else {
-            writeErr("blebridge serve: \(path): no 'peripheral' section: nothing to serve (see config/README.md)")
+        guard start.config.peripheral != nil else {
+            writeErr("blebridge serve: \(start.path): no 'peripheral' section: nothing to serve (see config/README.md)")
             return ExitCode.configError
         }
-        guard let logger = daemonLogger(args, config, command: "serve") else { return ExitCode.usage }
-        return await ServeDaemon(config: config, logger: logger).run()
+        return await ServeDaemon(config: start.config, logger: start.logger).run()
     }
 }
 
@@ -164,26 +183,12 @@ public enum RunCommand: CLICommand {
 
     /// Runs it.
     public static func run(_ arguments: [String]) async -> Int32 {
-        let args: BLEArguments
-        do {
-            args = try BLEArguments(
-                arguments, valued: ["--config", "--log-level", "--state-dir"], flags: ["--log-json"])
-        } catch {
-            writeErr("blebridge run: \(error.message)")
-            return ExitCode.usage
+        let start: DaemonStart
+        switch DaemonStart.parse(arguments, command: name, usage: usage, valued: ["--state-dir"]) {
+        case .failure(let exit): return exit.code
+        case .success(let s): start = s
         }
-        guard let path = args.value("--config"), args.positional.isEmpty else {
-            writeErr("blebridge run: --config FILE is required\n\n\(usage)")
-            return ExitCode.usage
-        }
-        let config: BridgeConfig
-        switch loadConfig(path) {
-        case .failure(let errors):
-            for e in errors.errors { writeErr("blebridge run: \(path): \(e)") }
-            return ExitCode.configError
-        case .success(let c): config = c
-        }
-        guard let logger = daemonLogger(args, config, command: "run") else { return ExitCode.usage }
+        let (args, path, config, logger) = (start.args, start.path, start.config, start.logger)
         var stateDirectory = args.value("--state-dir") ?? currentEnvironment()["STATE_DIRECTORY"]
         // systemd may pass several directories separated by ':'; the first is ours.
         if let first = stateDirectory?.split(separator: ":").first { stateDirectory = String(first) }

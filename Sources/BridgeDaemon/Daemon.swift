@@ -22,49 +22,13 @@ struct Daemon {
 
     func run() async -> Int32 {
         let host = hostName()
-        Bridge.cipher = OpenSSLAESCCM()
-        let transport: MQTTBrokerTransport
-        do {
-            transport = try MQTTBrokerTransport(settings: config.mqtt, defaultClientID: "blebridge-\(host)")
-        } catch {
-            logger.error("configuration: \(error)")
-            return ExitCode.configError
-        }
-        let central: BlueZCentral
-        do {
-            central = try BlueZCentral(logger: logger)
-        } catch {
-            logger.error("\(error.message)")
-            return ExitCode.unavailable
-        }
-        // Configured adapters must exist before anything connects.
-        do {
-            let adapters = try await central.start()
-            let missing = config.bluetooth.adapters.filter { name in
-                !adapters.contains { $0.name == name || $0.address.uppercased() == name }
-            }
-            if !missing.isEmpty {
-                logger.error(
-                    "configuration: bluetooth.adapters: \(missing.joined(separator: ", ")) not found (there are: "
-                        + "\(adapters.isEmpty ? "none" : adapters.map(\.name).joined(separator: ", ")))")
-                await central.close()
-                return ExitCode.configError
-            }
-        } catch {
-            if error.kind == .notPermitted {
-                // A D-Bus policy denial does not go away by waiting: say what to change and stop.
-                logger.error("\(error.message)")
-                await central.close()
-                return ExitCode.notPermitted
-            }
-            logger.warning("\(error.message); the bridge starts and waits for bluetoothd")
-        }
-        do {
-            try transport.client.start()
-        } catch {
-            logger.error("MQTT: \(error)")
-            await central.close()
-            return ExitCode.configError
+        let (transport, central): (MQTTBrokerTransport, BlueZCentral)
+        switch await startParts(
+            config, clientID: "blebridge-\(host)", requiredAdapters: config.bluetooth.adapters,
+            adapterKey: "bluetooth.adapters", logger: logger)
+        {
+        case .failure(let exit): return exit.code
+        case .success(let parts): (transport, central) = parts
         }
         let path = configPath
         if let stateDirectory { mkdir(stateDirectory, 0o700) }
@@ -97,19 +61,7 @@ struct Daemon {
         let notifier = SystemdNotifier()
         let runTask = Task { await bridge.run() }
         let queue = DispatchQueue(label: "blebridge.daemon")
-        var sources: [any DispatchSourceSignal] = []
-        for sig in [SIGINT, SIGTERM] {
-            signal(sig, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: sig, queue: queue)
-            source.setEventHandler {
-                // The first signal asks for a clean stop; a second one (the operator insisting) ends the process now.
-                if runTask.isCancelled { exit(128 + sig) }
-                notifier.send("STOPPING=1\nSTATUS=stopping")
-                runTask.cancel()
-            }
-            source.resume()
-            sources.append(source)
-        }
+        var sources = stopOnSignals(runTask, notifier: notifier, queue: queue)
         signal(SIGHUP, SIG_IGN)
         let hup = DispatchSource.makeSignalSource(signal: SIGHUP, queue: queue)
         let log = logger.labelled(component: "bridge")
@@ -245,57 +197,22 @@ struct ServeDaemon {
     let logger: Logger
 
     func run() async -> Int32 {
-        Bridge.cipher = OpenSSLAESCCM()
         let host = Daemon(config: config, configPath: "", stateDirectory: nil, logger: logger).hostName()
-        let transport: MQTTBrokerTransport
-        do {
-            transport = try MQTTBrokerTransport(settings: config.mqtt, defaultClientID: "blebridge-serve-\(host)")
-        } catch {
-            logger.error("configuration: \(error)")
-            return ExitCode.configError
-        }
-        let central: BlueZCentral
-        do {
-            central = try BlueZCentral(logger: logger)
-        } catch {
-            logger.error("\(error.message)")
-            return ExitCode.unavailable
-        }
-        do {
-            _ = try await central.start()
-        } catch {
-            if error.kind == .notPermitted {
-                logger.error("\(error.message)")
-                await central.close()
-                return ExitCode.notPermitted
-            }
-            logger.warning("\(error.message); serving starts when bluetoothd is there")
-        }
-        do {
-            try transport.client.start()
-        } catch {
-            logger.error("MQTT: \(error)")
-            await central.close()
-            return ExitCode.configError
+        let adapters = config.peripheral?.adapter.map { [$0] } ?? []
+        let (transport, central): (MQTTBrokerTransport, BlueZCentral)
+        switch await startParts(
+            config, clientID: "blebridge-serve-\(host)", requiredAdapters: adapters, adapterKey: "peripheral.adapter",
+            logger: logger)
+        {
+        case .failure(let exit): return exit.code
+        case .success(let parts): (transport, central) = parts
         }
         let runner = PeripheralBridge(
             config: config, host: BlueZPeripheralHost(central: central, logger: logger), mqtt: transport,
             clock: SystemBridgeClock(), logger: logger, gatewayName: host)
         let notifier = SystemdNotifier()
         let runTask = Task { await runner.run() }
-        let queue = DispatchQueue(label: "blebridge.serve")
-        var sources: [any DispatchSourceSignal] = []
-        for sig in [SIGINT, SIGTERM] {
-            signal(sig, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: sig, queue: queue)
-            source.setEventHandler {
-                if runTask.isCancelled { exit(128 + sig) }
-                notifier.send("STOPPING=1")
-                runTask.cancel()
-            }
-            source.resume()
-            sources.append(source)
-        }
+        let sources = stopOnSignals(runTask, notifier: notifier, queue: DispatchQueue(label: "blebridge.serve"))
         notifier.send("READY=1\nSTATUS=serving")
         await runTask.value
         for source in sources { source.cancel() }
@@ -304,4 +221,84 @@ struct ServeDaemon {
         logger.labelled(component: "serve").info("exit")
         return ExitCode.success
     }
+}
+
+/// Why the daemon could not start: its exit status.
+struct StartFailure: Error {
+    let code: Int32
+}
+
+/// The broker transport (started) and the BlueZ central (started), in the order `run` and `serve`
+/// need them: a bad MQTT setting or a missing configured adapter is a configuration error (78), a D-Bus policy
+/// denial stops with 77, bluetoothd not running yet is only a warning (the process waits for it).
+///
+/// - Parameter adapterKey: the configuration key `requiredAdapters` come from, for the error.
+func startParts(
+    _ config: BridgeConfig, clientID: String, requiredAdapters: [String], adapterKey: String, logger: Logger
+) async -> Result<(MQTTBrokerTransport, BlueZCentral), StartFailure> {
+    Bridge.cipher = OpenSSLAESCCM()
+    let transport: MQTTBrokerTransport
+    do {
+        transport = try MQTTBrokerTransport(settings: config.mqtt, defaultClientID: clientID)
+    } catch {
+        logger.error("configuration: \(error)")
+        return .failure(StartFailure(code: ExitCode.configError))
+    }
+    let central: BlueZCentral
+    do {
+        central = try BlueZCentral(logger: logger)
+    } catch {
+        logger.error("\(error.message)")
+        return .failure(StartFailure(code: ExitCode.unavailable))
+    }
+    // Configured adapters must exist before anything connects.
+    do {
+        let adapters = try await central.start()
+        let missing = requiredAdapters.filter { name in
+            !adapters.contains { $0.name == name || $0.address.uppercased() == name.uppercased() }
+        }
+        if !missing.isEmpty {
+            logger.error(
+                "configuration: \(adapterKey): \(missing.joined(separator: ", ")) not found (there are: "
+                    + "\(adapters.isEmpty ? "none" : adapters.map(\.name).joined(separator: ", ")))")
+            await central.close()
+            return .failure(StartFailure(code: ExitCode.configError))
+        }
+    } catch {
+        if error.kind == .notPermitted {
+            // A D-Bus policy denial does not go away by waiting: say what to change and stop.
+            logger.error("\(error.message)")
+            await central.close()
+            return .failure(StartFailure(code: ExitCode.notPermitted))
+        }
+        logger.warning("\(error.message); starting anyway and waiting for bluetoothd")
+    }
+    do {
+        try transport.client.start()
+    } catch {
+        logger.error("MQTT: \(error)")
+        await central.close()
+        return .failure(StartFailure(code: ExitCode.configError))
+    }
+    return .success((transport, central))
+}
+
+/// SIGINT and SIGTERM cancel `task` (a clean stop, `STOPPING=1` to systemd); a second one ends the process at once.
+func stopOnSignals(_ task: Task<Void, Never>, notifier: SystemdNotifier, queue: DispatchQueue)
+    -> [any DispatchSourceSignal]
+{
+    var sources: [any DispatchSourceSignal] = []
+    for sig in [SIGINT, SIGTERM] {
+        signal(sig, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: sig, queue: queue)
+        source.setEventHandler {
+            // The first signal asks for a clean stop; a second one (the operator insisting) ends the process now.
+            if task.isCancelled { exit(128 + sig) }
+            notifier.send("STOPPING=1\nSTATUS=stopping")
+            task.cancel()
+        }
+        source.resume()
+        sources.append(source)
+    }
+    return sources
 }
