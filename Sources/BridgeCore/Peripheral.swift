@@ -56,7 +56,7 @@ public final class PeripheralService: Sendable {
         var broadcastDirty = false
         var packetID: UInt8 = 0
         var counter: UInt32 = 0
-        var lastError: [String: String] = [:]
+        var lastError: [String: (reason: String, at: Duration)] = [:]
         var lastRegistrationFailure: String?
         var counters = Counters()
     }
@@ -261,6 +261,13 @@ public final class PeripheralService: Sendable {
             switch target {
             case .characteristic(let c):
                 let parser = c.parserName.flatMap { registry.parser(named: $0) }
+                if parser == nil, target.source.field == nil {
+                    // Raw bytes come as hex text; "12345678" or "0e00" must not be taken for a JSON number.
+                    switch value {
+                    case .int, .double: value = .string(message.text.trimmingSpaces)
+                    default: break
+                    }
+                }
                 switch encodePeripheralValue(value, parser: parser) {
                 case .success(let bytes): setValue(bytes, c)
                 case .failure(let e):
@@ -312,25 +319,28 @@ public final class PeripheralService: Sendable {
         state.withLock {
             $0.values[c.id] = bytes
             $0.counters.valuesSet += 1
-            $0.lastError[c.id] = nil
         }
         server?.setValue(bytes, characteristic: c.id)
     }
 
-    /// Logs a dropped value: the first time, and whenever the reason changes (not once per message at 100 Hz).
+    /// Logs a dropped value when its reason is new for that binding, and again at most once a minute (not once per
+    /// message at 100 Hz); every one is counted.
     func fail(_ target: Binding, _ reason: String) {
         let key: String
         switch target {
         case .characteristic(let c): key = c.id
         case .broadcast(let b): key = "broadcast.\(b.field)"
         }
-        let first = state.withLock { s -> Bool in
+        let now = clock.now
+        let dropped = state.withLock { s -> Int? in
             s.counters.encodeErrors += 1
-            if s.lastError[key] == reason { return false }
-            s.lastError[key] = reason
-            return true
+            if let last = s.lastError[key], last.reason == reason, now - last.at < .seconds(60) { return nil }
+            s.lastError[key] = (reason, now)
+            return s.counters.encodeErrors
         }
-        if first { logger.warning("\(target.label): \(reason); the last good value stays") }
+        if let dropped {
+            logger.warning("\(target.label): \(reason); the last good value stays (\(dropped) dropped so far)")
+        }
     }
 
     // MARK: BLE → MQTT

@@ -294,6 +294,23 @@ let peripheralYAML = """
         }
     }
 
+    @Test func rawHexThatLooksLikeANumberIsStillHex() async throws {
+        let yaml = """
+            mqtt: {url: "mqtt://127.0.0.1:1883"}
+            peripheral:
+              services:
+                - uuid: "6e400001-b5a3-f393-e0a9-e50e24dcca9e"
+                  characteristics:
+                    - {uuid: "6e400003-b5a3-f393-e0a9-e50e24dcca9e", source: raw/value}
+            """
+        try await withPeripheralBridge(yaml) { h, host in
+            for text in ["12345678", "0e000000", "00", "0a1b", "zz"] { h.mqtt.inject("raw/value", text) }
+            try await eventually("four values") { host.history("s0c0").count == 4 }
+            #expect(host.history("s0c0") == [[0x12, 0x34, 0x56, 0x78], [0x0E, 0, 0, 0], [0], [0x0A, 0x1B]])
+            #expect(h.bridge.peripheral?.counters.encodeErrors == 1)
+        }
+    }
+
     @Test func aHundredUpdatesArriveInOrder() async throws {
         try await withPeripheralBridge(peripheralYAML) { h, host in
             for i in 0..<100 { h.mqtt.inject("home/ups/battery", "\(i)") }
