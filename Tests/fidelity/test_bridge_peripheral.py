@@ -267,12 +267,20 @@ def test_everything_comes_back_after_bluetoothd_restarts(prig):
     b = prig.start()
     assert wait_until(prig.registered, 20), b.log()[-3000:]
     prig.judge.publish("home/living", {"temperature_c": 19.0, "humidity_pct": 30})
+    prig.judge.publish("home/attic", {"t": 18.5, "h": 40})
     prig.ctl.call("CentralConnect", "ss", "", CENTRAL)
     assert wait_until(lambda: prig.ctl.read("2A6E") == (1900).to_bytes(2, "little"), 10)
+    assert wait_until(lambda: any(a["type"] == "broadcast" for a in prig.ctl.advertisements()), 10)
     prig.ctl.call("RestartDaemon", "d", "1.0")
     assert wait_until(lambda: not prig.registered(), 5)
     assert wait_until(prig.registered, 20), f"not registered again; log:\n{b.log()[-3000:]}"
     assert wait_until(lambda: any(a["type"] == "peripheral" for a in prig.ctl.advertisements()), 10)
+    # The BTHome broadcast is back too, with the last values.
+    assert wait_until(lambda: any(a["type"] == "broadcast" for a in prig.ctl.advertisements()), 10)
+    data = [a for a in prig.ctl.advertisements() if a["type"] == "broadcast"][0]["service_data"][uuid16("FCD2")]
+    decoded = json.loads(subprocess.run([str(bin_dir() / "blebridge"), "decode", "service-data", "FCD2", data],
+                                        capture_output=True, text=True, check=True).stdout)
+    assert decoded["temperature_c"] == 18.5
     prig.ctl.call("CentralConnect", "ss", "", CENTRAL)
     # The value served is the last one from MQTT, kept across the restart.
     assert prig.ctl.read("2A6E") == (1900).to_bytes(2, "little")
