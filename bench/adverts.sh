@@ -9,6 +9,7 @@
 # process's threads. Target (issue #9): ratio ≤ 1.3 with zero lost. Exits 0 even when the target is missed.
 #
 #   bench/adverts.sh [--sizes 50,500] [--interval 0.1] [--window 20] [--settle 3]
+# SWIFT_BUILD_FLAGS (for example "-Xswiftc -cross-module-optimization") is passed to the release builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d /opt/swift/usr/bin ] && export PATH="/opt/swift/usr/bin:$PATH"
@@ -27,7 +28,8 @@ done
 
 echo "== build (release)" >&2
 for product in bluez-sim bench-adverts; do
-    if ! swift build -c release --product "$product" >"/tmp/bench-adverts-build-$$.log" 2>&1; then
+    # shellcheck disable=SC2086
+    if ! swift build -c release --product "$product" ${SWIFT_BUILD_FLAGS:-} >"/tmp/bench-adverts-build-$$.log" 2>&1; then
         grep -vE '^\[[0-9]+/[0-9]+\]' "/tmp/bench-adverts-build-$$.log" | tail -20 >&2
         rm -f "/tmp/bench-adverts-build-$$.log"
         echo "release build of $product failed" >&2
