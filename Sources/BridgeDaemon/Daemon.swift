@@ -212,9 +212,23 @@ struct ServeDaemon {
             clock: SystemBridgeClock(), logger: logger, gatewayName: host)
         let notifier = SystemdNotifier()
         let runTask = Task { await runner.run() }
-        let sources = stopOnSignals(runTask, notifier: notifier, queue: DispatchQueue(label: "blebridge.serve"))
+        let queue = DispatchQueue(label: "blebridge.serve")
+        let sources = stopOnSignals(runTask, notifier: notifier, queue: queue)
         notifier.send("READY=1\nSTATUS=serving")
+        // The service manager's watchdog (WatchdogSec= in the unit): a ping every half interval while serving.
+        let timer = DispatchSource.makeTimerSource(queue: queue)
+        let notifyState = NotifyState()
+        timer.schedule(deadline: .now(), repeating: .milliseconds(250))
+        timer.setEventHandler {
+            guard notifier.isActive, !runTask.isCancelled, let interval = notifier.watchdogInterval,
+                ContinuousClock.now - notifyState.lastPing >= interval - .milliseconds(200)
+            else { return }
+            notifyState.lastPing = .now
+            notifier.send("WATCHDOG=1")
+        }
+        timer.resume()
         await runTask.value
+        timer.cancel()
         for source in sources { source.cancel() }
         await central.close()
         await transport.client.disconnect()

@@ -320,3 +320,27 @@ def test_the_application_and_advertisements_come_back_with_the_adapter(prig):
     prig.ctl.call("CentralConnect", "ss", "", CENTRAL)
     assert wait_until(lambda: prig.ctl.read("2A19") == bytes([77]), 10)
     assert b.stop() == 0
+
+
+def test_serve_tells_the_service_manager_ready_and_feeds_its_watchdog(prig):
+    from test_bridge_service import NotifySocket
+    notify = NotifySocket()
+    try:
+        b = BridgeProcess(peripheral_config(prig.broker.port), dict(prig.sim.env, NOTIFY_SOCKET=notify.path,
+                                                                     WATCHDOG_USEC="2000000"))
+        b.proc.kill()
+        b.proc.wait()
+        b.proc = subprocess.Popen([str(bin_dir() / "blebridge"), "serve", "--config", str(b.config)],
+                                  env=dict(prig.sim.env, NOTIFY_SOCKET=notify.path, WATCHDOG_USEC="2000000"),
+                                  stdout=subprocess.DEVNULL, stderr=b.stderr)
+        try:
+            notify.wait(lambda l: l == "READY=1", what="READY=1")
+            t = time.monotonic()
+            # WATCHDOG_USEC 2 s: a ping every second.
+            assert wait_until(lambda: len([x for x in notify.lines(after=t) if x[1] == "WATCHDOG=1"]) >= 3, 10)
+            assert b.stop() == 0
+            assert [x for x in notify.lines() if x[1] == "STOPPING=1"]
+        finally:
+            b.close()
+    finally:
+        notify.close()
