@@ -149,12 +149,20 @@ struct BlueZObjectTree: Sendable {
             guard let path = message.path?.rawValue, message.body.count >= 2,
                 let interface = message.body[0].string, !ignoredInterfaces.contains(interface)
             else { return nil }
-            let changed = message.body[1].stringVariantDictionary ?? [:]
+            var changed = message.body[1].stringVariantDictionary ?? [:]
             let invalidated =
                 message.body.count >= 3 ? (message.body[2].arrayElements ?? []).compactMap(\.string) : []
             // A signal for an object we do not know (e.g. one exported before our snapshot was taken and removed
             // since) still updates what we have; it cannot create an interface out of nothing.
             guard objects[path]?[interface] != nil else { return nil }
+            if interface == BlueZName.device, changed["ServicesResolved"]?.bool == true, changed["Connected"] == nil,
+                objects[path]?[interface]?["Connected"]?.bool != true
+            {
+                // Services are resolved only over a link that is up. bluetoothd 5.66 sometimes never signals
+                // Connected=true (the ATT channel came up before the kernel's Device Connected event, and
+                // device_add_connection() returned early as "already connected"): the link is up all the same.
+                changed["Connected"] = DBusValue.boolean(true)
+            }
             objects[path]?[interface]?.merge(changed) { $1 }
             for name in invalidated { objects[path]?[interface]?[name] = nil }
             if interface == BlueZName.device, changed["Address"] != nil || invalidated.contains("Address") {

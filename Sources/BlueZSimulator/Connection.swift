@@ -54,7 +54,8 @@ extension BlueZSimulator {
         let abort = takeFault(d, [.abortByLocal])
         let early = takeFault(d, [.servicesResolvedEarly])
         let already = takeFault(d, [.alreadyConnected])
-        if abort != nil || early != nil || already != nil { count("faults_fired") }
+        let unsignalled = takeFault(d, [.connectedUnsignalled])
+        if abort != nil || early != nil || already != nil || unsignalled != nil { count("faults_fired") }
         // The reply to a Connect() that brings the link up.
         let answer: @Sendable (DBusPendingReply) -> Void = { reply in
             if already != nil {
@@ -81,7 +82,11 @@ extension BlueZSimulator {
             }
             d.link = .connected
             if !isPrivateRandomAddress(d.spec.address, type: d.spec.addressType) { d.temporary = false }
-            server.setProperty(at: d.path, interface: "org.bluez.Device1", "Connected", .boolean(true))
+            if unsignalled != nil {
+                server.storePropertySilently(at: d.path, interface: "org.bluez.Device1", "Connected", .boolean(true))
+            } else {
+                server.setProperty(at: d.path, interface: "org.bluez.Device1", "Connected", .boolean(true))
+            }
             if abort != nil {
                 self.count("connect_failures")
                 reply.fail(Self.bluezError("Failed", "le-connection-abort-by-local"))

@@ -23,6 +23,10 @@ struct SimFault: Sendable {
         /// The link comes up and services resolve as usual, but `Connect` fails
         /// `org.bluez.Error.Failed "le-connection-already-connected"` (the controller already had the connection).
         case alreadyConnected = "connect-already-connected"
+        /// The link comes up and services resolve, but `Connected=true` is never signalled (only `Get` shows it):
+        /// bluetoothd 5.66 when the ATT channel is up before the kernel's Device Connected event
+        /// (`device_add_connection()` logs "already connected" and returns before emitting the property).
+        case connectedUnsignalled = "connected-unsignalled"
     }
     var kind: Kind
     /// Remaining uses; 0 = until cleared.

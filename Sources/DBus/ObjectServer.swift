@@ -332,6 +332,16 @@ public final class DBusObjectServer: Sendable {
         }
     }
 
+    /// Stores a value without any PropertiesChanged: `Get` and `GetAll` return it, nobody is told. For simulating a
+    /// daemon that changes a property without signalling it.
+    public func storePropertySilently(at path: DBusObjectPath, interface: String, _ name: String, _ value: DBusValue) {
+        if let problem = state.check(path: path, interface: interface, name: name, value: value) {
+            warn("storePropertySilently: \(problem)")
+            return
+        }
+        state.store(at: path, interface: interface, name, value, queue: false)
+    }
+
     /// Removes a value and queues it in the `invalidated` list.
     public func invalidateProperty(at path: DBusObjectPath, interface: String, _ name: String) {
         if state.invalidate(at: path, interface: interface, name) { connection.core.requestIdleFlush() }

@@ -75,3 +75,19 @@ import Testing
         await p.disconnect()
     }
 }
+
+@Suite struct UnsignalledConnectedTests {
+    /// bluetoothd 5.66 sometimes signals ServicesResolved=true without ever signalling Connected=true (issue #13,
+    /// seen on the real daemon): the connect must complete, and the device count as connected.
+    @Test func servicesResolvedWithoutAConnectedSignalStillConnects() async throws {
+        let t = try await SimClient()
+        let device = try await t.discover(strap)
+        _ = try await t.simulator(
+            "InjectFault", [.string(strap), .string("connected-unsignalled"), .string("{}")])
+        let p = try await t.client.connect(device, options: BlueZConnectOptions(timeout: .seconds(5)))
+        #expect(try await t.counter("faults_fired") == 1)
+        #expect(t.client.device(address: strap)?.connected == true)
+        #expect(try await p.read(try p.characteristic("2A38")) == [0x01])
+        await p.disconnect()
+    }
+}
