@@ -1,0 +1,127 @@
+#!/opt/bumble/bin/python3
+"""The scripted BLE peer of the real-BlueZ rig: a Bumble GATT peripheral on the second btvirt controller.
+
+Usage: peer.py HCI_INDEX ADDRESS READY_FILE
+
+It opens controller hciN through an HCI user channel (so bluetoothd never sees that controller), serves one custom
+service and the standard Battery service, and advertises as "blebridge-peer" with the random static ADDRESS. Under
+btvirt a controller's advertisement reaches a scanner once per scan start, so while nothing is connected it
+re-enables advertising every second; the advertising data stays within the 31 legacy bytes (btvirt silently drops
+longer data). SIGUSR1 drops every connection (link loss on demand). When advertising first starts it writes
+READY_FILE, which the check runner waits for.
+"""
+
+import asyncio
+import errno
+import signal
+import sys
+import time
+
+from bumble.core import AdvertisingData
+from bumble.device import Device
+from bumble.gatt import Characteristic, CharacteristicValue, Service
+from bumble.hci import Address
+from bumble.transport import open_transport
+
+SERVICE = "6e400001-b5a3-f393-e0a9-e50e24dcca9e"
+READ_CHAR = "6e400002-b5a3-f393-e0a9-e50e24dcca9e"  # read: b"hello real bluez"
+WRITE_CHAR = "6e400003-b5a3-f393-e0a9-e50e24dcca9e"  # write / write without response; read back
+NOTIFY_CHAR = "6e400004-b5a3-f393-e0a9-e50e24dcca9e"  # notify: a counter, once a second
+INDICATE_CHAR = "6e400005-b5a3-f393-e0a9-e50e24dcca9e"  # indicate: the same counter
+
+
+def log(text):
+    print(f"peer {time.monotonic():.3f}: {text}", flush=True)
+
+
+async def open_user_channel(index):
+    # The kernel sets a fresh controller up and powers it down again on its own; a user channel can only be opened
+    # on a controller that is down, so EBUSY here means "not yet", for a few seconds at most.
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return await open_transport(f"hci-socket:{index}")
+        except OSError as error:
+            if error.errno not in (errno.EBUSY, errno.EALREADY) or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def main():
+    index, address, ready_file = sys.argv[1], sys.argv[2], sys.argv[3]
+    transport = await open_user_channel(index)
+    device = Device.with_hci("blebridge-peer", Address(address), transport.source, transport.sink)
+
+    written = bytearray(b"\x00")
+
+    def on_write(connection, value):
+        log(f"write {bytes(value).hex()}")
+        written[:] = value
+
+    counter = 0
+    battery = Characteristic("2A19", Characteristic.Properties.READ | Characteristic.Properties.NOTIFY,
+                             Characteristic.READABLE, bytes([87]))
+    notify = Characteristic(NOTIFY_CHAR, Characteristic.Properties.READ | Characteristic.Properties.NOTIFY,
+                            Characteristic.READABLE, bytes([0]))
+    indicate = Characteristic(INDICATE_CHAR, Characteristic.Properties.READ | Characteristic.Properties.INDICATE,
+                              Characteristic.READABLE, bytes([0]))
+    device.add_services([
+        Service(SERVICE, [
+            Characteristic(READ_CHAR, Characteristic.Properties.READ, Characteristic.READABLE,
+                           b"hello real bluez"),
+            Characteristic(WRITE_CHAR,
+                           Characteristic.Properties.READ | Characteristic.Properties.WRITE
+                           | Characteristic.Properties.WRITE_WITHOUT_RESPONSE,
+                           Characteristic.READABLE | Characteristic.WRITEABLE,
+                           CharacteristicValue(read=lambda connection: bytes(written), write=on_write)),
+            notify,
+            indicate,
+        ]),
+        Service("180F", [battery]),
+    ])
+    # Flags, the 16-bit service list and the name: 3 + 4 + 16 = 23 bytes, within the 31 legacy bytes.
+    device.advertising_data = bytes(AdvertisingData([
+        (AdvertisingData.FLAGS, bytes([0x06])),
+        (AdvertisingData.COMPLETE_LIST_OF_16_BIT_SERVICE_CLASS_UUIDS, bytes.fromhex("0f18")),
+        (AdvertisingData.COMPLETE_LOCAL_NAME, b"blebridge-peer"),
+    ]))
+
+    device.on("connection", lambda connection: log(f"connected {connection.peer_address}"))
+    device.on("disconnection", lambda reason: log(f"disconnected, reason {reason}"))
+
+    loop = asyncio.get_running_loop()
+
+    def drop_links():
+        for connection in list(device.connections.values()):
+            log(f"dropping the link to {connection.peer_address} (SIGUSR1)")
+            loop.create_task(connection.disconnect())
+
+    loop.add_signal_handler(signal.SIGUSR1, drop_links)
+
+    await device.power_on()
+    log(f"powered on hci{index} as {address}")
+    ready = False
+    while True:
+        if not device.connections:
+            try:
+                await device.start_advertising(own_address_type=1)  # random static
+                if not ready:
+                    log("advertising")
+                    with open(ready_file, "w") as f:
+                        f.write(address + "\n")
+                    ready = True
+            except Exception as error:  # a connection that came in between; the next round sees it
+                log(f"re-advertising failed: {error!r}")
+        else:
+            counter = (counter + 1) % 256
+            notify.value = bytes([counter])
+            indicate.value = bytes([counter])
+            try:
+                await device.notify_subscribers(notify, bytes([counter]))
+                await device.notify_subscribers(battery, bytes([87]))
+            except Exception as error:
+                log(f"notify failed: {error!r}")
+        await asyncio.sleep(1.0)
+
+
+asyncio.run(main())
