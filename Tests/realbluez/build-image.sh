@@ -3,16 +3,15 @@
 # filesystem with the distribution's bluetoothd, btvirt, dbus, mosquitto and Python with Bumble (from PyPI), packed as
 # one uncompressed initramfs that the kernel unpacks into RAM (no disk, no boot loader, no initramfs tool).
 # Usage: build-image.sh <cache-dir>   Prints the image directory (holding vmlinuz, rootfs.cpio, manifest) on stdout.
-# The image directory is named after a hash of this script, the package list and the peer's Python packages, so a
-# change to any of them builds a new image and an unchanged list reuses the cached one.
+# The image directory is named after a hash of the package list, the peer's Python packages, the kernel package and
+# FORMAT, so a change to any of them builds a new image and an unchanged list reuses the cached one.
 # Only the package fetches retry (network); every other failure stops the build with the step that failed.
 set -euo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
 cache="${1:?usage: build-image.sh <cache-dir>}"
 MIRROR="${REAL_BLUEZ_MIRROR:-http://deb.debian.org/debian}"
 SUITE=bookworm
 DEBS=(bluez bluez-test-tools dbus dbus-bin mosquitto mosquitto-clients python3 python3-venv kmod procps iproute2
-      libdbus-1-3 libmosquitto1 libyaml-0-2 libssl3 libmicrohttpd12 ca-certificates)
+      libdbus-1-3 libmosquitto1 libyaml-0-2 libssl3 libmicrohttpd12 libstdc++6)   # the last six: what blebridge loads
 PIP=(bumble==0.0.236)
 
 log() { echo "build-image: $*" >&2; }
@@ -27,7 +26,9 @@ retry() {   # retry <what> <command...>: for network fetches only
 
 kernel_pkg="$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-6/ {print $2; exit}')"
 [ -n "$kernel_pkg" ] || { log "cannot resolve Debian's linux-image-amd64 to a 6.1 kernel package (apt-get update?)"; exit 1; }
-key="$( { cat "$0" "$here/init"; echo "$SUITE ${DEBS[*]} ${PIP[*]} $kernel_pkg"; } | sha256sum | cut -c1-16)"
+# FORMAT: bump it when this script changes what goes into the image (anything beyond the lists below).
+FORMAT=1
+key="$(echo "format $FORMAT $SUITE ${DEBS[*]} ${PIP[*]} $kernel_pkg" | sha256sum | cut -c1-16)"
 img="$cache/image-$key"
 if [ -f "$img/manifest" ] && [ -f "$img/rootfs.cpio" ] && [ -f "$img/vmlinuz" ]; then
     log "reusing cached image $img"; echo "$img"; exit 0
@@ -60,12 +61,17 @@ mkdir -p "$root/lib/modules"
 cp -a "$work/kernel/lib/modules/$kver" "$root/lib/modules/"
 depmod -b "$root" "$kver"
 
+# The wheels come through the host's pip (with the host's index and certificate settings: the chroot has neither),
+# binary only, for the host's Python 3.11 on glibc 2.36, which the image shares; the image installs them offline.
 log "Bumble from PyPI into /opt/bumble: ${PIP[*]}"
-cp /etc/resolv.conf "$root/etc/resolv.conf"
+retry "pip download ${PIP[*]}" "${HOST_PYTHON:-python3}" -m pip download -q --only-binary=:all: -d "$work/wheels" "${PIP[@]}"
+mkdir -p "$root/tmp/wheels"; cp "$work"/wheels/*.whl "$root/tmp/wheels/"
 mount -t proc proc "$root/proc"; mount --bind /dev "$root/dev"; mount -t sysfs sys "$root/sys"
-chroot "$root" python3 -m venv /opt/bumble
-retry "pip install ${PIP[*]}" chroot "$root" /opt/bumble/bin/pip install -q --no-cache-dir "${PIP[@]}"
+env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root chroot "$root" python3 -m venv /opt/bumble
+env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root chroot "$root" /opt/bumble/bin/pip install -q --no-index \
+    --find-links /tmp/wheels "${PIP[@]}"
 umount "$root/proc" "$root/dev" "$root/sys"
+rm -rf "$root/tmp/wheels"
 chroot "$root" /opt/bumble/bin/python -c 'import bumble; print("bumble", bumble.__version__ if hasattr(bumble, "__version__") else "?")' >&2 || true
 
 log "trimming and packing"
@@ -75,7 +81,8 @@ rm -rf "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/locale/
 depmod -b "$root" "$kver"
 echo "blebridge-real-bluez" > "$root/etc/hostname"
 printf 'nameserver 127.0.0.1\n' > "$root/etc/resolv.conf"   # loopback only: nothing in the VM resolves outside names
-install -m 0755 "$here/init" "$root/init"
+# No /init here: scripts/test-real-bluez.sh appends Tests/realbluez/init as a second cpio archive at boot, so the
+# init can change without a rebuild.
 mkdir -p "$root/mnt/share"
 (cd "$root" && find . -xdev | cpio -o -H newc --quiet) > "$work/rootfs.cpio"
 cp "$work/kernel/boot/vmlinuz-$kver" "$work/vmlinuz"
