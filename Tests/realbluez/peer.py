@@ -86,8 +86,11 @@ async def main():
         (AdvertisingData.COMPLETE_LOCAL_NAME, b"blebridge-peer"),
     ]))
 
-    device.on("connection", lambda connection: log(f"connected {connection.peer_address}"))
-    device.on("disconnection", lambda reason: log(f"disconnected, reason {reason}"))
+    def on_connection(connection):
+        log(f"connected {connection.peer_address}")
+        connection.on("disconnection", lambda reason: log(f"disconnected {connection.peer_address}, reason {reason}"))
+
+    device.on("connection", on_connection)
 
     loop = asyncio.get_running_loop()
 
