@@ -33,6 +33,9 @@ for tool in qemu-system-x86_64 debootstrap cpio apt-get dpkg-deb; do
     command -v "$tool" >/dev/null || die "$tool not found: run scripts/install-deps.sh"
 done
 [[ "$loops" =~ ^[0-9]+$ ]] || die "--loops '$loops' is not a number"
+# The VM gets 2 GiB (the root file system lives in its RAM) and QEMU needs some on top.
+avail_kb=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
+[ "${avail_kb:-0}" -ge 2800000 ] || die "needs about 2.8 GB of free memory for the VM, $((${avail_kb:-0} / 1024)) MB available"
 
 t_start=$(date +%s)
 if [ -z "$binary" ]; then

@@ -7,7 +7,8 @@ It opens controller hciN through an HCI user channel (so bluetoothd never sees t
 service and the standard Battery service, and advertises as "blebridge-peer" with the random static ADDRESS. Under
 btvirt a controller's advertisement reaches a scanner once per scan start, so while nothing is connected it
 re-enables advertising every second; the advertising data stays within the 31 legacy bytes (btvirt silently drops
-longer data). SIGUSR1 drops every connection (link loss on demand). When advertising first starts it writes
+longer data). SIGUSR1 drops every connection (link loss on demand); SIGUSR2 logs the peer's state (connections,
+advertising sets, what each task waits for). When advertising first starts it writes
 READY_FILE, which the check runner waits for.
 """
 
@@ -101,21 +102,46 @@ async def main():
 
     loop.add_signal_handler(signal.SIGUSR1, drop_links)
 
+    rounds = {"advertise": 0, "hung": 0, "failed": 0}
+
+    def dump_state():
+        # For a failed check: what the peer thinks it is doing (the runner sends SIGUSR2 then copies peer.log).
+        log(f"state: connections {[str(c.peer_address) for c in device.connections.values()]}, "
+            f"legacy set {device.legacy_advertising_set!r}, sets {list(device.extended_advertising_sets)}, "
+            f"legacy advertiser {device.legacy_advertiser!r}, rounds {rounds}")
+        for task in asyncio.all_tasks():
+            frames = task.get_stack(limit=4)
+            where = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in frames)
+            log(f"task {task.get_name()}: {where or 'no frames'}")
+
+    loop.add_signal_handler(signal.SIGUSR2, dump_state)
+
     await device.power_on()
     log(f"powered on hci{index} as {address}")
     ready = False
+    was_connected = False
     while True:
         if not device.connections:
             try:
-                await device.start_advertising(own_address_type=1)  # random static
+                # Bounded: a command btvirt never answers must show in the log, not stop the peer silently.
+                await asyncio.wait_for(device.start_advertising(own_address_type=1), 5)  # random static
+                rounds["advertise"] += 1
+                if was_connected:
+                    log("advertising again")
+                    was_connected = False
                 if not ready:
                     log("advertising")
                     with open(ready_file, "w") as f:
                         f.write(address + "\n")
                     ready = True
+            except asyncio.TimeoutError:
+                rounds["hung"] += 1
+                log("re-advertising: start_advertising did not complete within 5 s")
             except Exception as error:  # a connection that came in between; the next round sees it
+                rounds["failed"] += 1
                 log(f"re-advertising failed: {error!r}")
         else:
+            was_connected = True
             counter = (counter + 1) % 256
             notify.value = bytes([counter])
             indicate.value = bytes([counter])

@@ -14,6 +14,8 @@ BLEBRIDGE="$RIG/blebridge"
 PEER_ADDR="F0:B1:E8:00:00:01"
 SERVICE="6e400001-b5a3-f393-e0a9-e50e24dcca9e"
 READ_CHAR="6e400002-b5a3-f393-e0a9-e50e24dcca9e"
+WRITE_CHAR="6e400003-b5a3-f393-e0a9-e50e24dcca9e"
+NOTIFY_CHAR="6e400004-b5a3-f393-e0a9-e50e24dcca9e"
 LOOPS="${REAL_BLUEZ_LOOPS:-10}"
 [ -f "$RIG/loops" ] && LOOPS="$(cat "$RIG/loops")"
 mkdir -p "$OUT/checks"
@@ -55,7 +57,7 @@ skip_rest() {  # skip_rest REASON NAME...
 }
 MONITOR_PID="" BTMON_PID="" BLUETOOTHD_PID="" PEER_PID="" BTVIRT_PID=""
 ALL_AFTER_BTVIRT=(btvirt-two-controllers peer-advertising bluetoothd-one-controller scan-sees-peer explore-lists-gatt
-                  read-characteristic explore-then-read-loop)
+                  read-characteristic write-characteristic notify-characteristic explore-then-read-loop)
 note "vm-checks start; kernel $(uname -r); $(bluetoothctl --version 2>/dev/null)"
 
 # --- the system bus and the broker (loopback only) ---
@@ -94,7 +96,12 @@ fi
 note "peer advertising"
 
 # --- the real bluetoothd ---
-/usr/libexec/bluetooth/bluetoothd -n -d > "$OUT/bluetoothd.log" 2>&1 &
+# Each line gets the wall-clock time in front (seconds since the epoch), the same clock as dbus-monitor's time=.
+/usr/libexec/bluetooth/bluetoothd -n -d > >(python3 -u -c '
+import sys, time
+for line in sys.stdin:
+    sys.stdout.write(f"{time.time():.6f} {line}")
+' > "$OUT/bluetoothd.log") 2>&1 &
 BLUETOOTHD_PID=$!
 bluez_on_bus() {
     dbus-send --system --print-reply --dest=org.bluez / org.freedesktop.DBus.ObjectManager.GetManagedObjects |
@@ -141,6 +148,22 @@ else
     result FAIL read-characteristic "$(grep -v '^\[debug\]' "$OUT/checks/read.log" | tail -2 | tr '\n' ' ')"
 fi
 note "read done"
+if run write 60 "$BLEBRIDGE" write "$PEER_ADDR" "$WRITE_CHAR" c0ffee --verbose &&
+    run write-readback 60 "$BLEBRIDGE" read "$PEER_ADDR" "$WRITE_CHAR" --hex --verbose &&
+    grep -qi 'c0ffee\|c0 ff ee' "$OUT/checks/write-readback.log" && grep -q 'write c0ffee' "$OUT/peer.log"; then
+    result PASS write-characteristic
+else
+    result FAIL write-characteristic "$(cat "$OUT/checks/write.log" "$OUT/checks/write-readback.log" 2>/dev/null |
+        grep -v '^\[debug\]' | tail -2 | tr '\n' ' ')"
+fi
+note "write done"
+if run notify 60 "$BLEBRIDGE" notify "$PEER_ADDR" "$NOTIFY_CHAR" --count 3 --hex --verbose &&
+    [ "$(grep -v '^\[\|^\$' "$OUT/checks/notify.log" | grep -c .)" -ge 3 ]; then
+    result PASS notify-characteristic
+else
+    result FAIL notify-characteristic "$(grep -v '^\[debug\]' "$OUT/checks/notify.log" | tail -2 | tr '\n' ' ')"
+fi
+note "notify done"
 
 # --- issue #13: read right after explore, LOOPS times ---
 ok=0 bad=0
@@ -162,13 +185,17 @@ for i in $(seq 1 "$LOOPS"); do
         why="explore exit $e1, read exit $e2: $(grep -v '^\[debug\]' "$OUT/checks/loop-$i-read.log" | tail -1)"
         echo "iteration $i: FAILED (${took} s) $why" >> "$OUT/checks/loop-summary.log"
         d="$OUT/failures/$i"; mkdir -p "$d"
+        kill -USR2 "$PEER_PID" 2>/dev/null && sleep 1   # the peer logs its state (see peer.py)
+        tail -n 40 "$OUT/peer.log" > "$d/peer.log"
         cp "$OUT/checks/loop-$i-explore.log" "$OUT/checks/loop-$i-read.log" "$d/"
         tail -n +"$((b0 + 1))" "$OUT/bluetoothd.log" > "$d/bluetoothd.log"
         tail -n +"$((m0 + 1))" "$OUT/dbus-monitor.log" > "$d/dbus-monitor.log"
     fi
     note "loop $i: explore $e1 read $e2 (${took} s)"
 done
-if [ "$bad" = 0 ]; then
+if [ "$LOOPS" = 0 ]; then
+    result SKIP explore-then-read-loop "not run (--loops 0)"
+elif [ "$bad" = 0 ]; then
     result PASS explore-then-read-loop "$ok/$LOOPS iterations passed"
 else
     result FAIL explore-then-read-loop "$ok/$LOOPS iterations passed; failing ones in failures/ ($(grep FAILED "$OUT/checks/loop-summary.log" | head -1))"
