@@ -8,7 +8,8 @@
 #   --out DIR      output directory (default .build/real-bluez/<UTC time>): results.txt, console.log, bluetoothd.log,
 #                  dbus-monitor.log, hci.btsnoop, peer.log, checks/, failures/
 #   --binary PATH  the blebridge binary to test (default: built with deploy/build-release.sh)
-# Environment: REAL_BLUEZ_CACHE (image cache, default /var/cache/blebridge-real-bluez), REAL_BLUEZ_MIRROR.
+# Environment: REAL_BLUEZ_CACHE (image cache, default /var/cache/blebridge-real-bluez), REAL_BLUEZ_MIRROR,
+# REAL_BLUEZ_VM_TIMEOUT (seconds; default 300 + 125 per loop iteration).
 # Exit status: 0 when every check passed; 1 when a check failed or did not run; 2 when the VM could not run.
 # Needs root (debootstrap, once per image) and qemu-system-x86; no KVM (TCG only). Nothing in the VM has a network
 # interface other than loopback.
@@ -20,7 +21,7 @@ while [ $# -gt 0 ]; do
         --loops) loops="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
         --binary) binary="$2"; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) echo "test-real-bluez: unknown argument '$1'" >&2; exit 2 ;;
     esac
 done
@@ -71,7 +72,9 @@ trap 'rm -f "$initrd"' EXIT
 echo "test-real-bluez: booting the VM (TCG, image $(basename "$img")); output in $out" >&2
 t_boot=$(date +%s)
 set +e
-timeout "${REAL_BLUEZ_VM_TIMEOUT:-900}" qemu-system-x86_64 \
+# The limit: boot and the single checks take about a minute; an iteration at most 2 x 60 s (the runner's own limits).
+vm_timeout="${REAL_BLUEZ_VM_TIMEOUT:-$((300 + loops * 125))}"
+timeout "$vm_timeout" qemu-system-x86_64 \
     -accel tcg,thread=multi -cpu max -smp 2 -m 2048 \
     -nographic -no-reboot -nic none -monitor none -serial stdio \
     -kernel "$img/vmlinuz" -initrd "$initrd" \
@@ -88,7 +91,7 @@ echo
 echo "test-real-bluez: image $t_image s (cached when ~0), VM run $t_vm s, total $(( $(date +%s) - t_start )) s" |
     tee "$out/timings.txt"
 [ -f "$out/timeline.txt" ] && cat "$out/timeline.txt" >> "$out/timings.txt"
-if [ "$qemu_status" = 124 ]; then die "the VM did not finish within ${REAL_BLUEZ_VM_TIMEOUT:-900} s (console: $out/console.log)"; fi
+if [ "$qemu_status" = 124 ]; then die "the VM did not finish within $vm_timeout s (console: $out/console.log)"; fi
 grep -q '^SUMMARY' "$out/results.txt" 2>/dev/null || die "the VM ended (qemu status $qemu_status) without finishing the checks (console: $out/console.log)"
 echo "test-real-bluez: results ($out/results.txt):"
 cat "$out/results.txt"
