@@ -4,10 +4,15 @@
 Usage: peer.py HCI_INDEX ADDRESS READY_FILE
 
 It opens controller hciN through an HCI user channel (so bluetoothd never sees that controller), serves one custom
-service and the standard Battery service, and advertises as "blebridge-peer" with the random static ADDRESS. Under
-btvirt a controller's advertisement reaches a scanner once per scan start, so while nothing is connected it
-re-enables advertising every second; the advertising data stays within the 31 legacy bytes (btvirt silently drops
-longer data). SIGUSR1 drops every connection (link loss on demand); SIGUSR2 logs the peer's state (connections,
+service and the standard Battery service, and advertises as "blebridge-peer" with the random static ADDRESS; the
+advertising data stays within the 31 legacy bytes (btvirt silently drops longer data).
+
+Under btvirt a controller's advertisement reaches a scanner once per scan start (and when advertising is enabled
+during a scan), so until the first connection the peer re-enables advertising every second, for a discovery that
+started before it advertised. After that it only restarts advertising when a link ends: a restart is a window of
+tens of milliseconds with advertising off, and an LE Create Connection that lands in it fails at once with 0x3e
+(Connection Failed to be Established) -- which, on this kernel, left every later connect to the peer stuck (see
+docs/REAL-BLUEZ.md). The kernel starts a fresh scan for each connect, so steady advertising is enough from then on. SIGUSR1 drops every connection (link loss on demand); SIGUSR2 logs the peer's state (connections,
 advertising sets, what each task waits for). When advertising first starts it writes
 READY_FILE, which the check runner waits for.
 """
@@ -87,8 +92,13 @@ async def main():
         (AdvertisingData.COMPLETE_LOCAL_NAME, b"blebridge-peer"),
     ]))
 
+    # Set by the connection event itself, so a link that comes and goes between two rounds is not missed.
+    links = {"ever": False, "since_advertising": False}
+
     def on_connection(connection):
         log(f"connected {connection.peer_address}")
+        links["ever"] = True
+        links["since_advertising"] = True
         connection.on("disconnection", lambda reason: log(f"disconnected {connection.peer_address}, reason {reason}"))
 
     device.on("connection", on_connection)
@@ -119,16 +129,17 @@ async def main():
     await device.power_on()
     log(f"powered on hci{index} as {address}")
     ready = False
-    was_connected = False
     while True:
-        if not device.connections:
+        if not device.connections and (not links["ever"] or links["since_advertising"] or not device.is_advertising):
+            again = links["since_advertising"]
+            # Cleared before the await: a connection that arrives meanwhile sets it again.
+            links["since_advertising"] = False
             try:
                 # Bounded: a command btvirt never answers must show in the log, not stop the peer silently.
                 await asyncio.wait_for(device.start_advertising(own_address_type=1), 5)  # random static
                 rounds["advertise"] += 1
-                if was_connected:
+                if again:
                     log("advertising again")
-                    was_connected = False
                 if not ready:
                     log("advertising")
                     with open(ready_file, "w") as f:
@@ -136,12 +147,13 @@ async def main():
                     ready = True
             except asyncio.TimeoutError:
                 rounds["hung"] += 1
+                links["since_advertising"] = again
                 log("re-advertising: start_advertising did not complete within 5 s")
             except Exception as error:  # a connection that came in between; the next round sees it
                 rounds["failed"] += 1
+                links["since_advertising"] = again
                 log(f"re-advertising failed: {error!r}")
-        else:
-            was_connected = True
+        elif device.connections:
             counter = (counter + 1) % 256
             notify.value = bytes([counter])
             indicate.value = bytes([counter])
