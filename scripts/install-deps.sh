@@ -6,7 +6,8 @@ set -euo pipefail
 DEBS=(pkg-config libdbus-1-dev dbus-daemon dbus-bin libmosquitto-dev mosquitto mosquitto-clients
       libyaml-dev libssl-dev bluez openssl libmicrohttpd-dev prometheus
       systemd dpkg-dev binutils passwd    # deploy tests: systemd-analyze, dpkg-deb/dpkg-shlibdeps, strip, useradd
-      bluez-test-scripts python3-dbus python3-gi)   # peripheral fidelity test: BlueZ's example-gatt-server etc.
+      bluez-test-scripts python3-dbus python3-gi     # peripheral fidelity test: BlueZ's example-gatt-server etc.
+      qemu-system-x86 debootstrap cpio)              # scripts/test-real-bluez.sh: the real-BlueZ VM (TCG) and its image
 # Optional: the deploy tests lint the .deb with lintian when it is there and skip that check otherwise.
 OPTIONAL_DEBS=(lintian)
 PY=(bleak paho-mqtt pytest)
