@@ -514,8 +514,19 @@ func options(_ entries: [(String, DBusValue)] = []) -> DBusValue { .stringVarian
         }
         let count = 500
         let raw = fd.rawValue
-        let reader = Task { try await offPool { try readDatagrams(raw, count: count) } }
-        for value in sequence(count) { try t.app.setValue(value, for: "level") }
+        let received = ReceivedCount()
+        let reader = Task { try await offPool { try readDatagrams(raw, count: count, progress: received) } }
+        // In bursts of 100 (what a socket buffer holds with room to spare), each sent as fast as setValue goes: a
+        // reader thread that the machine's load keeps off the CPU for a second must not turn into a lost value
+        // (setValue gives up on a socket that takes nothing for a second, as bluetoothd would have hung).
+        for (i, value) in sequence(count).enumerated() {
+            if i > 0, i % 100 == 0 {
+                try await eventually(10, "the reader to take \(i) datagrams") {
+                    received.value.load(ordering: .relaxed) == i
+                }
+            }
+            try t.app.setValue(value, for: "level")
+        }
         let values = try await within(10, "500 datagrams") { try await reader.value }
         #expect(values == sequence(count))
         // bluetoothd writes 0x01 for each confirmation of an indication.
@@ -700,13 +711,18 @@ func options(_ entries: [(String, DBusValue)] = []) -> DBusValue { .stringVarian
     }
 }
 
+/// How many datagrams a reader thread has taken so far.
+final class ReceivedCount: Sendable {
+    let value = Atomic<Int>(0)
+}
+
 /// The values 0..<count as two big-endian bytes each.
 func sequence(_ count: Int) -> [[UInt8]] {
     (0..<count).map { (i: Int) -> [UInt8] in [UInt8(truncatingIfNeeded: i >> 8), UInt8(truncatingIfNeeded: i)] }
 }
 
-/// Reads `datagrams` datagrams from a blocking socket on a thread of its own.
-func readDatagrams(_ fd: Int32, count datagrams: Int) throws -> [[UInt8]] {
+/// Reads `datagrams` datagrams from a blocking socket on a thread of its own; `progress` counts them as they come.
+func readDatagrams(_ fd: Int32, count datagrams: Int, progress: ReceivedCount? = nil) throws -> [[UInt8]] {
     var out: [[UInt8]] = []
     var buffer = [UInt8](repeating: 0, count: 512)
     var timeout = timeval(tv_sec: 5, tv_usec: 0)
@@ -715,6 +731,7 @@ func readDatagrams(_ fd: Int32, count datagrams: Int) throws -> [[UInt8]] {
         let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
         guard n > 0 else { throw HarnessError("recv ended after \(out.count) datagrams (errno \(errno))") }
         out.append(Array(buffer[0..<n]))
+        progress?.value.store(out.count, ordering: .relaxed)
     }
     return out
 }
