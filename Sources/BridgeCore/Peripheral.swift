@@ -21,6 +21,8 @@ public final class PeripheralService: Sendable {
     let changed: @Sendable () -> Void
     let bindings: [String: [Binding]]
     let characteristics: [String: PeripheralCharacteristicConfig]
+    /// Each characteristic's parser, resolved once (nil: raw bytes).
+    let parsers: [String: any GATTCharacteristicParser]
     let serviceOf: [String: BluetoothUUID]
     let state: Mutex<State>
     let wake: AsyncStream<Void>.Continuation
@@ -115,6 +117,7 @@ public final class PeripheralService: Sendable {
         for v in config.broadcast?.values ?? [] { bindings[v.source.topic, default: []].append(.broadcast(v)) }
         self.bindings = bindings
         self.characteristics = characteristics
+        parsers = characteristics.compactMapValues { c in c.parserName.flatMap { registry.parser(named: $0) } }
         self.serviceOf = serviceOf
         state = Mutex(initial)
         (wakes, wake) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
@@ -260,7 +263,7 @@ public final class PeripheralService: Sendable {
             }
             switch target {
             case .characteristic(let c):
-                let parser = c.parserName.flatMap { registry.parser(named: $0) }
+                let parser = parsers[c.id]
                 if parser == nil, target.source.field == nil {
                     // Raw bytes come as hex text; "12345678" or "0e00" must not be taken for a JSON number.
                     switch value {
@@ -356,7 +359,7 @@ public final class PeripheralService: Sendable {
         }
         let bytes = w.offset == 0 ? w.value : Array(stored.prefix(w.offset)) + w.value
         let decoded: JSONValue
-        if let parser = c.parserName.flatMap({ registry.parser(named: $0) }) {
+        if let parser = parsers[c.id] {
             do {
                 decoded = JSONValue(.object(try parser.decode(bytes, context: GATTDecodeContext())))
             } catch {

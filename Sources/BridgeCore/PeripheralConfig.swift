@@ -285,7 +285,8 @@ extension BridgeConfig {
         }
         var initial: [UInt8] = []
         if let v = n["value"] {
-            let json = jsonValue(of: v.node)
+            // Raw bytes are hex text even when YAML would read them as a number (`value: 1234`).
+            let json = parser == nil && v.node.scalar != nil ? .string(v.node.scalar ?? "") : jsonValue(of: v.node)
             switch encodePeripheralValue(json, parser: parser) {
             case .success(let bytes): initial = bytes
             case .failure(let e): v.fail(e.reason)

@@ -185,11 +185,13 @@ let peripheralYAML = """
                         - {uuid: 2A6E, value: {temperature_c: 20}}
                         - {uuid: 2A6F, value: 45.5}
                         - {uuid: "6e400003-b5a3-f393-e0a9-e50e24dcca9e", value: "0a1b"}
+                        - {uuid: "6e400004-b5a3-f393-e0a9-e50e24dcca9e", value: 1234}
                 """)
         let chars = try #require(c.peripheral).services[0].characteristics
         #expect(chars[0].initialValue == [0xD0, 0x07])
         #expect(chars[1].initialValue == [0xC6, 0x11])
         #expect(chars[2].initialValue == [0x0A, 0x1B])
+        #expect(chars[3].initialValue == [0x12, 0x34], "raw hex that YAML reads as a number")
     }
 
     func errors(_ peripheral: String) -> [String] {
