@@ -179,7 +179,7 @@ final class DaemonResumption: Sendable {
         #expect(waiting, "the connection in the stopped bus's accept queue")
         let start = ContinuousClock.now
         let connection = try await DBusConnection.open(.address(healthy.address))
-        #expect(ContinuousClock.now - start < .seconds(1))
+        #expect(ContinuousClock.now - start < .seconds(10), "the stuck handshake waits 30 s; this open must not")
         #expect(connection.uniqueName.hasPrefix(":"))
         await connection.closeAndWait()
         #expect(fallback.resumeNow(), "the stuck daemon was let go on before the other connection was open")

@@ -27,14 +27,11 @@ import Testing
         }
         var callsWhileClosing = 0
         while !closed.load(ordering: .sequentiallyConsistent) {
-            let start = ContinuousClock.now
+            // A stalled loop holds a call for the whole close (about a second). No bound on one call's time: a
+            // loaded machine makes honest calls that slow too; the proof is how many calls fit into the close.
             _ = try await live.call(
                 destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
                 method: "ListNames")
-            let took = ContinuousClock.now - start
-            // A stalled loop holds a call for the whole close (about a second); a loaded machine can make an honest
-            // call slow, so the proof is the number of calls that fit into the close (below), this only a bound.
-            #expect(took < .milliseconds(900), "a call on the healthy bus took \(took) while the other closed")
             if !closed.load(ordering: .sequentiallyConsistent) { callsWhileClosing += 1 }
         }
         await closing.value
