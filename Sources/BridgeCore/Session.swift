@@ -124,8 +124,16 @@ extension Bridge {
     /// Why no slot was free.
     func noSlotError(_ r: DeviceRecord) -> BLEError {
         let heard = r.data.withLock { $0.rssiByAdapter.keys.sorted() }
-        let adapters = engine.withLock { $0.adapters.map(\.name) }
-        if adapters.isEmpty { return BLEError(.adapterUnavailable, message: "no adapter is available") }
+        let known = engine.withLock { $0.adapters }
+        if known.isEmpty { return BLEError(.adapterUnavailable, message: "no adapter is available") }
+        // After bluetoothd starts (or a dongle comes back) the adapter is there before it is powered: that is not
+        // a lack of slots.
+        if !known.contains(where: \.powered) {
+            return BLEError(
+                .adapterUnavailable,
+                message: "no adapter is powered (\(known.map(\.name).joined(separator: ", ")) off); waiting for one")
+        }
+        let adapters = known.filter(\.powered).map(\.name)
         if heard.isEmpty || heard.contains(where: adapters.contains) {
             return BLEError(
                 .noSlots,
@@ -345,6 +353,12 @@ extension Bridge {
                             self.handleNotification(r, c, value)
                         }
                         if !Task.isCancelled { endsContinuation.yield(.subscriptionEnded(c.uuid, "stream finished")) }
+                    } catch let error as BLEError where error.kind == .disconnected {
+                        // The link went (the real bluetoothd closes the notify socket before it signals
+                        // Connected=false): the link's own end, lost or requested, is the reason, and the task above
+                        // reports it. This subscription speaks only if the link never does.
+                        do { try await self.clock.sleep(for: .seconds(5)) } catch { return }
+                        if !Task.isCancelled { endsContinuation.yield(.subscriptionEnded(c.uuid, "\(error)")) }
                     } catch {
                         if !Task.isCancelled { endsContinuation.yield(.subscriptionEnded(c.uuid, "\(error)")) }
                     }

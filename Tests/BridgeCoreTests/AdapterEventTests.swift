@@ -26,6 +26,32 @@ import Testing
         }
     }
 
+    /// After bluetoothd restarts, the real daemon exports the adapter before AutoEnable powers it (seen on the
+    /// real-BlueZ rig): that is an unavailable adapter, not a lack of connection slots.
+    @Test func anUnpoweredAdapterIsNotReportedAsOutOfSlots() async throws {
+        let strap = try address(ConnectedDeviceTests.strapAddress)
+        try await withBridge(
+            strapConfig(""),
+            setup: { c in
+                try Strap.add(c, strap)
+                c.state.withLock { $0.adapters = [BLEAdapterInfo(name: "hci0", address: "00:1A:7D:DA:71:00", powered: false)] }
+            }
+        ) { h in
+            h.central.advertise(strap)
+            try await eventually("backing off as for a missing adapter, got \(h.clock.pendingDelays)") {
+                h.clock.hasSleeper(in: .seconds(4)...(.seconds(6)))
+            }
+            #expect(h.central.attempts.isEmpty)
+            let warnings = h.logs.entries.filter { $0.message.contains("retrying") }.map(\.message)
+            #expect(warnings.contains { $0.contains("no adapter is powered (hci0 off)") }, "\(warnings)")
+            #expect(!warnings.contains { $0.contains("connection slot") }, "\(warnings)")
+            let hci0 = BLEAdapterInfo(name: "hci0", address: "00:1A:7D:DA:71:00", powered: true)
+            h.central.state.withLock { $0.adapters = [hci0] }
+            h.central.send(.adapterAdded(hci0))
+            try await eventually("connected once the adapter is powered") { h.central.links(to: strap).count == 1 }
+        }
+    }
+
     @Test func bluetoothdRestartReconnectsTheDevices() async throws {
         let strap = try address(ConnectedDeviceTests.strapAddress)
         try await withBridge(strapConfig(""), setup: { try Strap.add($0, strap) }) { h in

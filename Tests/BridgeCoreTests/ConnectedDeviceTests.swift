@@ -214,6 +214,50 @@ struct Strap {
         }
     }
 
+    /// The real bluetoothd closes a notify socket before it signals the disconnection (seen on the real-BlueZ rig):
+    /// that is a link loss, reported and counted as one, not a subscription that ended.
+    @Test func aSubscriptionEndedByTheLinkGoingIsALinkLoss() async throws {
+        let strap = try address(Self.strapAddress)
+        try await withBridge(docsConfig, setup: { try Strap.add($0, strap) }) { h in
+            let link = try await connect(h, strap)
+            link.failNotifications(
+                Strap.battery, BLEError(.disconnected, message: "disconnected (unknown: connection lost)"))
+            try await eventually("the subscription's wait for the link") {
+                h.clock.hasSleeper(in: .seconds(5)...(.seconds(5)))
+            }
+            link.drop(requested: false, reason: "org.bluez.Reason.Remote")
+            try await h.mqtt.waitForJSON(on: "blebridge/bridge/event") {
+                $0["type"] == .string("disconnected")
+                    && $0["data"]?["reason"]?.string?.contains("link lost (org.bluez.Reason.Remote)") == true
+            }
+            #expect(h.bridge.counters.reconnects["link-lost"] == 1)
+            #expect(h.bridge.counters.reconnects["silent-or-ended"] == nil)
+            try await eventually("the reconnect pause") {
+                h.clock.hasSleeper(in: .milliseconds(100)...(.milliseconds(300)))
+            }
+            h.clock.advance(by: .milliseconds(300))
+            _ = try await connect(h, strap, connection: 2)
+        }
+    }
+
+    /// ... and a link that never says it went still ends the session, after a grace period.
+    @Test func aSubscriptionEndedByADisconnectionTheLinkNeverReports() async throws {
+        let strap = try address(Self.strapAddress)
+        try await withBridge(docsConfig, setup: { try Strap.add($0, strap) }) { h in
+            let link = try await connect(h, strap)
+            link.failNotifications(Strap.battery, BLEError(.disconnected, message: "disconnected"))
+            try await eventually("the subscription's wait for the link") {
+                h.clock.hasSleeper(in: .seconds(5)...(.seconds(5)))
+            }
+            h.clock.advance(by: .seconds(5))
+            try await h.mqtt.waitForJSON(on: "blebridge/bridge/event") {
+                $0["type"] == .string("disconnected")
+                    && $0["data"]?["reason"]?.string?.contains("subscription to 2A19 ended") == true
+            }
+            #expect(link.disconnectCalls >= 1)
+        }
+    }
+
     @Test func shutdownDisconnectsAndDoesNotReconnect() async throws {
         let strap = try address(Self.strapAddress)
         try await withBridge(docsConfig, setup: { try Strap.add($0, strap) }) { h in
