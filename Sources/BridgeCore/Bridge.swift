@@ -231,7 +231,8 @@ public final class Bridge: Sendable {
         await withTaskGroup(of: Void.self) { group in
             group.addTask { await self.runStateSaver() }
             group.addTask { await self.consumeMQTTStates() }
-            group.addTask { await self.consumeCommands() }
+            let incoming = self.mqtt.incoming()
+            group.addTask { await self.consumeCommands(incoming) }
             group.addTask { await self.subscribeCommands() }
             group.addTask { await self.runBLE() }
             group.addTask { await self.runTicker() }

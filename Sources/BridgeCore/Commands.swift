@@ -79,8 +79,10 @@ extension Bridge {
         }
     }
 
-    func consumeCommands() async {
-        for await message in mqtt.incoming() {
+    /// `messages` is taken before the first subscribe (`incoming()` only gives what arrives from then on), so the
+    /// retained messages a subscribe brings are not lost to a consumer that starts a moment later.
+    func consumeCommands(_ messages: AsyncStream<BridgeIncomingMessage>) async {
+        for await message in messages {
             if Task.isCancelled { return }
             await handleIncoming(message)
         }

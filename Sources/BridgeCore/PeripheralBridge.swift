@@ -53,6 +53,9 @@ public final class PeripheralBridge: Sendable {
             logger.error("the configuration has no 'peripheral' section: nothing to serve")
             return
         }
+        // Taken before the first subscribe: `incoming()` gives what arrives from then on, and the retained source
+        // values a subscribe brings must not be lost to a consumer that starts a moment later.
+        let incoming = mqtt.incoming()
         await withTaskGroup(of: Void.self) { group in
             group.addTask {
                 for await state in self.mqtt.states() {
@@ -74,7 +77,7 @@ public final class PeripheralBridge: Sendable {
                 }
             }
             group.addTask {
-                for await message in self.mqtt.incoming() {
+                for await message in incoming {
                     if Task.isCancelled { return }
                     _ = service.handle(message)
                 }

@@ -421,9 +421,42 @@ final class FakeMQTT: MQTTTransport {
         published.withLock { $0.append(message) }
     }
 
-    func subscribe(_ filter: String) async throws(BridgeTransportError) { filters.withLock { $0.append(filter) } }
+    /// What the broker holds retained (`retain(_:_:)`), delivered on every matching subscribe, as a broker does.
+    let retainedMessages = Mutex<[(topic: String, text: String)]>([])
+    /// Whether `incoming()` was called: before that, messages are lost (the port's contract: "from now on").
+    let listening = Mutex(false)
+    /// Retained messages a subscribe delivered while nobody listened.
+    let lostRetained = Mutex(0)
 
-    func incoming() -> AsyncStream<BridgeIncomingMessage> { incomingStream }
+    func subscribe(_ filter: String) async throws(BridgeTransportError) {
+        filters.withLock { $0.append(filter) }
+        let matching = retainedMessages.withLock { $0 }.filter { Self.matches(filter, $0.topic) }
+        guard !matching.isEmpty else { return }
+        if listening.withLock({ $0 }) {
+            for m in matching { inject(m.topic, m.text, retain: true) }
+        } else {
+            lostRetained.withLock { $0 += matching.count }
+        }
+    }
+
+    func incoming() -> AsyncStream<BridgeIncomingMessage> {
+        listening.withLock { $0 = true }
+        return incomingStream
+    }
+
+    /// The broker holds `text` retained on `topic` (for subscribes from now on).
+    func retain(_ topic: String, _ text: String) { retainedMessages.withLock { $0.append((topic, text)) } }
+
+    static func matches(_ filter: String, _ topic: String) -> Bool {
+        let f = filter.split(separator: "/", omittingEmptySubsequences: false)
+        let t = topic.split(separator: "/", omittingEmptySubsequences: false)
+        for (i, level) in f.enumerated() {
+            if level == "#" { return true }
+            if i >= t.count { return false }
+            if level != "+" && level != t[i] { return false }
+        }
+        return f.count == t.count
+    }
 
     func states() -> AsyncStream<BridgeTransportState> { stateStream }
 
@@ -435,12 +468,14 @@ final class FakeMQTT: MQTTTransport {
 
     /// A message from the broker.
     func inject(
-        _ topic: String, _ text: String, responseTopic: String? = nil, correlationData: [UInt8]? = nil
+        _ topic: String, _ text: String, retain: Bool = false, responseTopic: String? = nil,
+        correlationData: [UInt8]? = nil
     ) {
         received.withLock { $0 += 1 }
         incomingContinuation.yield(
             BridgeIncomingMessage(
-                topic: topic, payload: Array(text.utf8), responseTopic: responseTopic, correlationData: correlationData)
+                topic: topic, payload: Array(text.utf8), retain: retain, responseTopic: responseTopic,
+                correlationData: correlationData)
         )
     }
 

@@ -97,12 +97,14 @@ final class FakePeripheralHost: BLEPeripheralHost {
 
 /// Loads `yaml`, runs a bridge with a peripheral host over fakes, runs `body`, and stops it.
 func withPeripheralBridge(
-    _ yaml: String, _ body: (BridgeHarness, FakePeripheralHost) async throws -> Void
+    _ yaml: String, retained: [(topic: String, text: String)] = [],
+    _ body: (BridgeHarness, FakePeripheralHost) async throws -> Void
 ) async throws {
     Bridge.cipher = OpenSSLAESCCM()
     let config = try BridgeConfig.load(text: yaml)
     let central = FakeCentral(adapters: ["hci0"])
     let mqtt = FakeMQTT()
+    for m in retained { mqtt.retain(m.topic, m.text) }
     let clock = TestClock()
     let logs = MemoryLogHandler()
     let host = FakePeripheralHost()
@@ -296,6 +298,15 @@ let peripheralYAML = """
         }
     }
 
+    /// A source value retained on the broker before the bridge starts is served at once (the real-BlueZ rig's
+    /// central read an empty Battery Level: the retained message came with the subscribe, before anyone listened).
+    @Test func retainedSourceValuesFromBeforeTheStartAreServed() async throws {
+        try await withPeripheralBridge(peripheralYAML, retained: [("home/ups/battery", "64")]) { h, host in
+            try await eventually("the retained value set") { host.history("s1c0") == [[64]] }
+            #expect(h.mqtt.lostRetained.withLock { $0 } == 0)
+        }
+    }
+
     @Test func rawHexThatLooksLikeANumberIsStillHex() async throws {
         let yaml = """
             mqtt: {url: "mqtt://127.0.0.1:1883"}
@@ -475,6 +486,7 @@ let peripheralYAML = """
     @Test func serveRunsThePeripheralAlone() async throws {
         let config = try BridgeConfig.load(text: peripheralYAML)
         let mqtt = FakeMQTT()
+        mqtt.retain("home/living", #"{"temperature_c": 21.5}"#)
         let host = FakePeripheralHost()
         let runner = PeripheralBridge(
             config: config, host: host, mqtt: mqtt, clock: TestClock(), logger: Logger(handler: MemoryLogHandler()))
@@ -485,6 +497,9 @@ let peripheralYAML = """
         _ = try await mqtt.waitForJSON(on: "blebridge/bridge/state") { $0["state"]?.string == "online" }
         let info = try await mqtt.waitForJSON(on: "blebridge/bridge/info") { $0["mode"]?.string == "serve" }
         #expect(info["peripheral"]?["services"]?[1]?["name"]?.string == "battery")
+        // Retained before the start: served without a new message.
+        try await eventually("the retained value set") { host.history("s0c0") == [[0x66, 0x08]] }
+        #expect(mqtt.lostRetained.withLock { $0 } == 0)
         mqtt.inject("home/ups/battery", "64")
         try await eventually("value set") { host.history("s1c0") == [[64]] }
         run.cancel()
