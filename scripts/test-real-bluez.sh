@@ -9,7 +9,7 @@
 #                  dbus-monitor.log, hci.btsnoop, peer.log, checks/, failures/
 #   --binary PATH  the blebridge binary to test (default: built with deploy/build-release.sh)
 # Environment: REAL_BLUEZ_CACHE (image cache, default /var/cache/blebridge-real-bluez), REAL_BLUEZ_MIRROR,
-# REAL_BLUEZ_VM_TIMEOUT (seconds; default 300 + 125 per loop iteration).
+# REAL_BLUEZ_VM_TIMEOUT (seconds; default 720 + 125 per loop iteration).
 # Exit status: 0 when every check passed; 1 when a check failed or did not run; 2 when the VM could not run.
 # Needs root (debootstrap, once per image) and qemu-system-x86; no KVM (TCG only). Nothing in the VM has a network
 # interface other than loopback.
@@ -55,7 +55,7 @@ out="$(cd "$out" && pwd)"
 rig="$out/.rig"
 rm -rf "$rig"; mkdir -p "$rig/realbluez"
 cp "$binary" "$rig/blebridge"
-cp "$repo"/Tests/realbluez/{vm-checks.sh,peer.py} "$rig/realbluez/"
+cp "$repo"/Tests/realbluez/{vm-checks.sh,peer.py,central.py} "$rig/realbluez/"
 echo "$loops" > "$rig/loops"
 cp "$img/manifest" "$out/image-manifest.txt"
 rm -f "$out/status" "$out/results.txt"
@@ -72,8 +72,8 @@ trap 'rm -f "$initrd"' EXIT
 echo "test-real-bluez: booting the VM (TCG, image $(basename "$img")); output in $out" >&2
 t_boot=$(date +%s)
 set +e
-# The limit: boot and the single checks take about a minute; an iteration at most 2 x 60 s (the runner's own limits).
-vm_timeout="${REAL_BLUEZ_VM_TIMEOUT:-$((300 + loops * 125))}"
+# The limit: boot and the single checks take a few minutes; an iteration at most 2 x 60 s (the runner's own limits).
+vm_timeout="${REAL_BLUEZ_VM_TIMEOUT:-$((720 + loops * 125))}"
 timeout "$vm_timeout" qemu-system-x86_64 \
     -accel tcg,thread=multi -cpu max -smp 2 -m 2048 \
     -nographic -no-reboot -nic none -monitor none -serial stdio \

@@ -24,7 +24,11 @@ retry() {   # retry <what> <command...>: for network fetches only
     log "$what failed 3 times: giving up"; return 1
 }
 
-kernel_pkg="$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-6/ {print $2; exit}')"
+kernel_package() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-6/ {print $2; exit}'; }
+kernel_pkg="$(kernel_package)"
+if [ -z "$kernel_pkg" ] && [ "$(id -u)" = 0 ]; then   # a fresh machine's package lists may be empty
+    retry "apt-get update" apt-get update -qq && kernel_pkg="$(kernel_package)"
+fi
 [ -n "$kernel_pkg" ] || { log "cannot resolve Debian's linux-image-amd64 to a 6.1 kernel package (apt-get update?)"; exit 1; }
 # FORMAT: bump it when this script changes what goes into the image (anything beyond the lists below).
 FORMAT=1

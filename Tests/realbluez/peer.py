@@ -33,7 +33,7 @@ SERVICE = "6e400001-b5a3-f393-e0a9-e50e24dcca9e"
 READ_CHAR = "6e400002-b5a3-f393-e0a9-e50e24dcca9e"  # read: b"hello real bluez"
 WRITE_CHAR = "6e400003-b5a3-f393-e0a9-e50e24dcca9e"  # write / write without response; read back
 NOTIFY_CHAR = "6e400004-b5a3-f393-e0a9-e50e24dcca9e"  # notify: a counter, once a second
-INDICATE_CHAR = "6e400005-b5a3-f393-e0a9-e50e24dcca9e"  # indicate: the same counter
+INDICATE_CHAR = "6e400005-b5a3-f393-e0a9-e50e24dcca9e"  # indicate: the same counter, once a second
 
 
 def log(text):
@@ -160,6 +160,8 @@ async def main():
             try:
                 await device.notify_subscribers(notify, bytes([counter]))
                 await device.notify_subscribers(battery, bytes([87]))
+                # Bounded: an indication waits for the central's confirmation.
+                await asyncio.wait_for(device.indicate_subscribers(indicate, bytes([counter])), 5)
             except Exception as error:
                 log(f"notify failed: {error!r}")
         await asyncio.sleep(1.0)
