@@ -223,6 +223,9 @@ public struct Scenario: Sendable, Equatable {
     /// Seconds bluetoothd waits for a local GATT application's or advertisement's answer before the simulated
     /// central gets an ATT error (`settings.local_gatt_timeout`; real bluetoothd waits the D-Bus default of 25 s).
     public var localGATTTimeout: Double = 5
+    /// Seconds after each (re)start before the adapters the scenario powers are powered: they are exported with
+    /// `Powered: false` first, as bluetoothd's AutoEnable does on real hardware (`settings.auto_enable_delay`).
+    public var autoEnableDelay: Double = 0
 
     /// Parses and validates scenario text (YAML or JSON).
     public static func parse(_ text: String) throws(ScenarioError) -> Scenario {
@@ -379,9 +382,12 @@ enum ScenarioReader {
         var mtu: UInt16 = 517
         var cache = true
         var localTimeout = 5.0
+        var autoEnable = 0.0
         if let s = root["settings"] {
             let settings = try mapping(
-                s, "settings", allowed: ["temporary_timeout", "mtu", "gatt_cache", "local_gatt_timeout"])
+                s, "settings",
+                allowed: ["temporary_timeout", "mtu", "gatt_cache", "local_gatt_timeout", "auto_enable_delay"])
+            autoEnable = try number(settings["auto_enable_delay"], "settings.auto_enable_delay", min: 0) ?? 0
             localTimeout =
                 try number(settings["local_gatt_timeout"], "settings.local_gatt_timeout", min: 0.05) ?? 5
             temporaryTimeout = try number(settings["temporary_timeout"], "settings.temporary_timeout", min: 0.01) ?? 30
@@ -422,7 +428,7 @@ enum ScenarioReader {
         }
         return Scenario(
             adapters: adapters, peripherals: peripherals, temporaryTimeout: temporaryTimeout, mtu: mtu,
-            gattCache: cache, localGATTTimeout: min(localTimeout, 600))
+            gattCache: cache, localGATTTimeout: min(localTimeout, 600), autoEnableDelay: min(autoEnable, 60))
     }
 
     static let peripheralKeys: Set<String> = [

@@ -112,7 +112,11 @@ public final class BlueZSimulator: @unchecked Sendable {
         await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
             server.perform {
                 self.resetState()
+                // AutoEnable: the adapter is on the bus before it is powered (settings.auto_enable_delay).
+                let late = self.scenario.autoEnableDelay > 0 ? self.adapters.filter(\.powered) : []
+                for a in late { a.powered = false }
                 self.exportRoot()
+                if !late.isEmpty { self.after(self.scenario.autoEnableDelay) { self.autoEnable(late) } }
                 done.resume()
             }
         }
@@ -254,6 +258,16 @@ public final class BlueZSimulator: @unchecked Sendable {
     func device(address: String) -> SimDevice? {
         let a = address.uppercased()
         return devices.first { $0.spec.address == a }
+    }
+
+    /// Powers `late` on, as bluetoothd's AutoEnable does a moment after it exported them.
+    func autoEnable(_ late: [SimAdapter]) {
+        for a in late where adapters.contains(where: { $0 === a }) && !a.powered {
+            a.powered = true
+            server?.setProperty(at: a.path, interface: "org.bluez.Adapter1", "Powered", .boolean(true))
+            server?.setProperty(at: a.path, interface: "org.bluez.Adapter1", "PowerState", .string("on"))
+        }
+        server?.flush()
     }
 
     /// Runs `body` on the loop after `seconds`, unless a restart happened meanwhile.
