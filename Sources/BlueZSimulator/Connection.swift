@@ -212,9 +212,13 @@ extension BlueZSimulator {
             server.setProperty(at: d.path, interface: iface, "ServicesResolved", .boolean(false))
         }
         d.servicesResolved = false
-        server.emitSignal(
-            path: d.path, interface: iface, name: "Disconnected",
-            arguments: [.string(reason.0), .string(reason.1)])
+        if scenario.disconnectedSignal {
+            server.emitSignal(
+                path: d.path, interface: iface, name: "Disconnected",
+                arguments: [.string(reason.0), .string(reason.1)])
+        } else {
+            server.flush()  // bluetoothd 5.66 still sends ServicesResolved=false and Connected=false apart
+        }
         server.setProperty(at: d.path, interface: iface, "Connected", .boolean(false))
         server.flush()
         d.link = .disconnected

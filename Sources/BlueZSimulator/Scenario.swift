@@ -226,6 +226,9 @@ public struct Scenario: Sendable, Equatable {
     /// Seconds after each (re)start before the adapters the scenario powers are powered: they are exported with
     /// `Powered: false` first, as bluetoothd's AutoEnable does on real hardware (`settings.auto_enable_delay`).
     public var autoEnableDelay: Double = 0
+    /// Emit `Device1.Disconnected(reason, message)` before `Connected: false` (newer BlueZ); bluetoothd 5.66 of
+    /// Debian 12 has no such signal (`settings.disconnected_signal`).
+    public var disconnectedSignal: Bool = true
 
     /// Parses and validates scenario text (YAML or JSON).
     public static func parse(_ text: String) throws(ScenarioError) -> Scenario {
@@ -383,10 +386,16 @@ enum ScenarioReader {
         var cache = true
         var localTimeout = 5.0
         var autoEnable = 0.0
+        var disconnectedSignal = true
         if let s = root["settings"] {
             let settings = try mapping(
                 s, "settings",
-                allowed: ["temporary_timeout", "mtu", "gatt_cache", "local_gatt_timeout", "auto_enable_delay"])
+                allowed: [
+                    "temporary_timeout", "mtu", "gatt_cache", "local_gatt_timeout", "auto_enable_delay",
+                    "disconnected_signal",
+                ])
+            disconnectedSignal = try bool(
+                settings["disconnected_signal"], "settings.disconnected_signal", default: true)
             autoEnable = try number(settings["auto_enable_delay"], "settings.auto_enable_delay", min: 0) ?? 0
             localTimeout =
                 try number(settings["local_gatt_timeout"], "settings.local_gatt_timeout", min: 0.05) ?? 5
@@ -428,7 +437,8 @@ enum ScenarioReader {
         }
         return Scenario(
             adapters: adapters, peripherals: peripherals, temporaryTimeout: temporaryTimeout, mtu: mtu,
-            gattCache: cache, localGATTTimeout: min(localTimeout, 600), autoEnableDelay: min(autoEnable, 60))
+            gattCache: cache, localGATTTimeout: min(localTimeout, 600), autoEnableDelay: min(autoEnable, 60),
+            disconnectedSignal: disconnectedSignal)
     }
 
     static let peripheralKeys: Set<String> = [

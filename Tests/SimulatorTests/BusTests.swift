@@ -193,6 +193,40 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
         #expect(Date().timeIntervalSince(stopped) > 1.0)  // not before TemporaryTimeout
     }
 
+    /// bluetoothd 5.66 (Debian 12): no Device1.Disconnected signal, and after a start the adapter is exported
+    /// before AutoEnable powers it (both seen on the real-BlueZ rig, docs/REAL-BLUEZ.md).
+    @Test func bluez566SettingsDropTheDisconnectedSignalAndPowerTheAdapterLate() async throws {
+        let sim = try await demoFixture("temporary_timeout: 30\n  disconnected_signal: false\n  auto_enable_delay: 3")
+        defer { sim.stopInBackground() }
+        let c = try Client(sim)
+        let rec = try await SignalRecorder(c.connection)
+        // Exported at once, powered 3 s later (the fixture is up well within that).
+        #expect(await c.property("/org/bluez/hci0", "org.bluez.Adapter1", "Powered") == .boolean(false))
+        try await rec.wait("powered by AutoEnable") {
+            $0.contains {
+                let d = SignalRecorder.describe($0)
+                return d.hasPrefix("PC /org/bluez/hci0 {") && d.contains("Powered")
+            }
+        }
+        #expect(await c.property("/org/bluez/hci0", "org.bluez.Adapter1", "Powered") == .boolean(true))
+        try await c.discover(hrPath)
+        try await c.call("/org/bluez/hci0", "org.bluez.Adapter1", "StopDiscovery")
+        let mark = rec.all.count
+        try await c.call(hrPath, "org.bluez.Device1", "Connect")
+        try await rec.wait("resolved") {
+            $0.dropFirst(mark).contains { SignalRecorder.describe($0).contains("ServicesResolved") }
+        }
+        let before = rec.all.count
+        try await c.call(hrPath, "org.bluez.Device1", "Disconnect")
+        try await rec.wait("disconnected") {
+            $0.dropFirst(before).contains { SignalRecorder.describe($0) == "PC \(hrPath.rawValue) {Connected}" }
+        }
+        #expect(
+            rec.all.dropFirst(before).map(SignalRecorder.describe) == [
+                "PC \(hrPath.rawValue) {ServicesResolved}", "PC \(hrPath.rawValue) {Connected}",
+            ])
+    }
+
     @Test func connectAndDisconnectSignalOrder() async throws {
         let sim = try await demoFixture()
         defer { sim.stopInBackground() }

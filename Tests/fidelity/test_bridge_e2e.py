@@ -8,7 +8,7 @@ import pytest
 
 from bridge_fixtures import BridgeProcess, Judge, demo_config, free_port, rig, broker, demo_sim  # noqa: F401
 from conftest import bin_dir
-from sim_fixtures import HR_STRAP, BTHOME, ECHO, ENVIRO, THERMOMETER, start_simulator
+from sim_fixtures import DEMO_SCENARIO, HR_STRAP, BTHOME, ECHO, ENVIRO, THERMOMETER, start_simulator
 
 
 def online(state):
@@ -123,6 +123,31 @@ def test_link_drop_comes_back(rig):
     back = time.monotonic()
     j.wait_json("blebridge/chest_strap", lambda v: "heart_rate_bpm" in v, after=back)
     assert "reconnecting" in bridge.log()
+
+
+def test_link_drop_without_a_disconnected_signal_comes_back(broker):
+    """bluetoothd 5.66 (Debian 12) sends no Device1.Disconnected signal (bluez-sim settings.disconnected_signal:
+    false, docs/REAL-BLUEZ.md): the bridge learns of the drop from Connected=false alone, reports a link loss and
+    comes back."""
+    text = DEMO_SCENARIO.read_text().replace(
+        "temporary_timeout: 30", "temporary_timeout: 30\n  disconnected_signal: false", 1)
+    assert "disconnected_signal: false" in text
+    sim = start_simulator(text)
+    j = Judge(broker.port)
+    bridge = BridgeProcess(demo_config(broker.port), sim.env)
+    try:
+        j.wait_json("blebridge/chest_strap/availability", online("online"), timeout=30)
+        start = time.monotonic()
+        sim.control("Disconnect", f"string:{HR_STRAP}", "string:remote")
+        j.wait_json("blebridge/chest_strap/availability", online("offline"), after=start)
+        event = j.wait_json("blebridge/bridge/event", lambda v: v["type"] == "disconnected", after=start)
+        assert event["data"]["id"] == "chest_strap" and "link lost" in event["data"]["reason"], event
+        j.wait_json("blebridge/chest_strap/availability", online("online"), after=start, timeout=30)
+        j.wait_json("blebridge/chest_strap", lambda v: "heart_rate_bpm" in v, after=time.monotonic())
+    finally:
+        bridge.close()
+        j.close()
+        sim.stop()
 
 
 def test_injected_connect_abort_is_retried(broker):
