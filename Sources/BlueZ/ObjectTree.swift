@@ -62,6 +62,10 @@ struct BlueZObjectTree: Sendable {
     /// The upper-cased `Address` each device path is indexed under.
     private var deviceAddresses: [String: String] = [:]
 
+    /// How many GATT services each device (by path) lost since the tree was loaded: a reconnect that removes and
+    /// re-exports them (bluez#1489) shows as a change here, whatever is in the tree when ServicesResolved arrives.
+    private(set) var serviceRemovals: [String: Int] = [:]
+
     /// Replaces everything with a GetManagedObjects reply body (`a{oa{sa{sv}}}`).
     mutating func load(managedObjects value: DBusValue) {
         clear()
@@ -142,6 +146,9 @@ struct BlueZObjectTree: Sendable {
             guard let previous = objects[path], !names.isEmpty else { return nil }
             var remaining = previous
             for name in names { remaining[name] = nil }
+            if names.contains(BlueZName.gattService), let device = previous[BlueZName.gattService]?["Device"]?.string {
+                serviceRemovals[device, default: 0] += 1
+            }
             objects[path] = remaining.isEmpty ? nil : remaining
             reindex(path)
             return .interfacesRemoved(path: path, interfaces: names, previous: previous)

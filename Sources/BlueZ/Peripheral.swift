@@ -324,6 +324,7 @@ public final class BlueZPeripheral: Sendable {
             guard let device = client.tree.device(at: devicePath) else {
                 throw .deviceNotFound(device: label, failure: nil)
             }
+            let removalsBefore = client.tree.serviceRemovals[devicePath] ?? 0
             if !(device.connected && device.servicesResolved) {
                 var linkUp = false
                 state.withLock {
@@ -418,7 +419,10 @@ public final class BlueZPeripheral: Sendable {
             if Task.isCancelled { throw await cancelled(log) }
             switch outcome {
             case .resolved:
-                await settleServices(deadline)
+                // Services removed during this connect are being exported again: wait for them even when some
+                // are back already.
+                let reexported = (client.tree.serviceRemovals[devicePath] ?? 0) != removalsBefore
+                await settleServices(deadline, reexported: reexported)
                 if Task.isCancelled { throw await cancelled(log) }
                 state.withLock { $0.connected = true }
                 if let d = client.tree.device(at: devicePath), !d.connected {
@@ -476,15 +480,23 @@ public final class BlueZPeripheral: Sendable {
 
     /// bluez#1489: `ServicesResolved` can come before the service objects. When the mirror has none, ask
     /// GetManagedObjects, then wait for the exports to settle.
-    private func settleServices(_ deadline: Deadline) async {
-        if !client.tree.services(ofDevice: devicePath).isEmpty { return }
-        client.logger.debug("device \(label): ServicesResolved but no services in the tree yet; re-reading it")
-        await client.refreshMissingObjects()
+    private func settleServices(_ deadline: Deadline, reexported: Bool) async {
+        let empty = client.tree.services(ofDevice: devicePath).isEmpty
+        if !empty && !reexported { return }
+        if empty {
+            client.logger.debug("device \(label): ServicesResolved but no services in the tree yet; re-reading it")
+            await client.refreshMissingObjects()
+        } else {
+            client.logger.debug("device \(label): services were removed during the connect; waiting for them all")
+        }
         let path = devicePath
         let limit = min(deadline.remaining, .seconds(3))
         _ = await client.wait(timeout: limit) { _, tree in tree.services(ofDevice: path).isEmpty ? nil : true }
-        // Objects are exported one signal each: wait until none arrived for a short while.
-        let quiet = Duration.milliseconds(150)
+        // The first service is back, so the export has begun: read the tree once more for what was exported but
+        // not yet seen (on a loaded machine our signal handling lags the bus), then wait until no more objects
+        // arrived for a while (bluetoothd exports them one signal each).
+        await client.refreshMissingObjects()
+        let quiet = Duration.milliseconds(300)
         let end = ContinuousClock.now + limit
         while ContinuousClock.now < end {
             let more = await client.wait(timeout: quiet) { event, tree -> Bool? in
