@@ -313,6 +313,8 @@ extension Bridge {
     func publishDiscovery(_ r: DeviceRecord, force: Bool = false) {
         let c = config
         guard c.homeAssistant.enabled else { return }
+        // Several gateways: the one that serves a device publishes its discovery (naming itself as via_device).
+        if let g = coordination, r.config.mode != .passive, !g.mayConnect(r.id) { return }
         let payload = discoveryPayload(r, c)
         let text = payload.text
         let changed = r.data.withLock { d -> Bool in
