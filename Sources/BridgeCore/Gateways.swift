@@ -26,7 +26,10 @@ final class GatewayCoordination: Sendable {
         var ours: DeviceClaim?
         /// Our claim came back from the broker unchallenged: the session may connect.
         var stood = false
+        /// Smoothed once a second from the latest RSSI: BlueZ signals RSSI only when it changes, so samples per
+        /// advertisement event would weigh a moving device by how often it changes.
         var smoothed = SmoothedRSSI()
+        var lastRSSI: Double?
         var heardAt: Double?
         var betterSince: Double?
         /// Other gateways' sightings, by gateway.
@@ -58,8 +61,11 @@ final class GatewayCoordination: Sendable {
     /// An advertisement of `device` at `rssi` dBm.
     func heard(_ device: String, rssi: Int, wall: Double) {
         state.withLock { s in
-            s.devices[device, default: DeviceState()].smoothed.add(Double(rssi))
-            s.devices[device]?.heardAt = wall
+            var d = s.devices[device, default: DeviceState()]
+            if d.smoothed.value == nil { d.smoothed.add(Double(rssi)) }
+            d.lastRSSI = Double(rssi)
+            d.heardAt = wall
+            s.devices[device] = d
         }
     }
 
@@ -163,6 +169,9 @@ final class GatewayCoordination: Sendable {
             for (id, linkUp) in devices {
                 var d = s.devices[id, default: DeviceState()]
                 defer { s.devices[id] = d }
+                if let rssi = d.lastRSSI, let at = d.heardAt, wall - at <= rules.settings.sightingMaxAge {
+                    d.smoothed.add(rssi)
+                }
                 var sightings = Array(d.sightings.values)
                 if let at = d.heardAt, let rssi = d.smoothed.value {
                     sightings.append(Sighting(gateway: me, rssi: rssi, at: at))

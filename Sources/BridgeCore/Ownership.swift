@@ -183,8 +183,10 @@ public struct OwnershipRules: Sendable {
     /// Whether this gateway, having claimed (`mine`), must give way to a claim it then received (`other`).
     public func mustYield(mine: DeviceClaim, to other: DeviceClaim, now: Double, online: Set<String>) -> Bool {
         guard other.owner != me, isValid(other, now: now, online: online) else { return false }
-        // A takeover by hysteresis (the other claimed later than an established claim of ours) is not a race.
+        // A takeover by hysteresis (the other claimed later than an established claim of ours) is not a race; nor
+        // is an older claim (its owner was cut off while we took over, and its renewals reach us late): it yields.
         if other.since > mine.since + 1 { return true }
+        if other.since < mine.since - 1 { return false }
         return winner(mine, other).owner != me
     }
 

@@ -133,7 +133,7 @@ struct TwoGateways {
             #expect(try g.claimOwner() == "a")
             #expect(g.b.central.attempts.isEmpty)
             // 15 dB better, for more than handover_after (5 s): b takes over, a disconnects, the strap stays online.
-            try await g.run(12, -70, -55)
+            try await g.run(20, -70, -55)
             try await eventually("b connected") { g.links(g.b) == 1 }
             try await eventually("a disconnected") { g.links(g.a) == 0 }
             #expect(try g.claimOwner() == "b")

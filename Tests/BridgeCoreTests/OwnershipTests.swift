@@ -147,6 +147,16 @@ import Testing
         #expect(!hall.mustYield(mine: h, to: a, now: 100.3, online: both))
     }
 
+    /// An owner cut off from the others (its broker bridge down) keeps renewing where only it sees; when it comes
+    /// back, its older claim meets the one that took over meanwhile: the older yields, whatever the RSSI, so a
+    /// returning gateway does not steal the device back.
+    @Test func anOlderClaimReturningFromACutOffGatewayYields() {
+        let stale = DeviceClaim(owner: "attic", rssi: -50, expires: 230, since: 100)
+        let takeover = DeviceClaim(owner: "hall", rssi: -75, expires: 230, since: 160)
+        #expect(attic.mustYield(mine: stale, to: takeover, now: 200, online: both))
+        #expect(!hall.mustYield(mine: takeover, to: stale, now: 200, online: both))
+    }
+
     @Test func smoothingDampsOneOddAdvertisement() {
         var r = SmoothedRSSI(alpha: 0.2)
         for _ in 0..<20 { r.add(-70) }
