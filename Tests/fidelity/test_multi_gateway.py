@@ -119,3 +119,155 @@ def test_rssi_hand_over_needs_the_margin_for_long_enough(broker):
         print(f"RSSI hand-over: {time.monotonic() - moved:.1f} s")
     finally:
         g.close()
+
+
+class Proxy:
+    """A TCP forwarder on loopback whose connections can be cut and restored: the link between two brokers."""
+
+    def __init__(self, target_port):
+        import socket
+        import threading
+        self.target = target_port
+        self.server = socket.socket()
+        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(8)
+        self.port = self.server.getsockname()[1]
+        self.open = True
+        self.conns = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            if not self.open:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(a, b):
+        try:
+            while True:
+                data = a.recv(65536)
+                if not data:
+                    break
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def cut(self):
+        import socket
+        self.open = False
+        with self.lock:
+            for s in self.conns:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+            self.conns = []
+
+    def restore(self):
+        self.open = True
+
+    def close(self):
+        self.cut()
+        self.server.close()
+
+
+class LocalBroker:
+    """mosquitto for one gateway, bridged (mosquitto's own `connection` bridging) to the central broker."""
+
+    def __init__(self, name, central_port):
+        import pathlib
+        import shutil
+        import socket
+        import subprocess
+        import tempfile
+        from bridge_fixtures import free_port
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix=f"blebridge-mosq-{name}-")
+        conf = pathlib.Path(self.dir) / "mosquitto.conf"
+        conf.write_text(
+            f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
+            f"connection central-{name}\naddress 127.0.0.1:{central_port}\ntopic blebridge/# both 1\n"
+            "cleansession true\nrestart_timeout 1\nkeepalive_interval 5\n")
+        self.proc = subprocess.Popen([shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("the local mosquitto did not start")
+
+    def close(self):
+        import shutil
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def test_bridged_brokers_a_cut_link_hands_over_and_the_owner_does_not_steal_back(broker):
+    """Each gateway on its own mosquitto, bridged to a central one; the link between a's broker and the central one
+    is cut: a's claims stop arriving, its lease lapses and b takes over; when the link is back, a sees b's later claim
+    and lets go instead of stealing the device back."""
+    proxy = Proxy(broker.port)
+    local_a = LocalBroker("a", proxy.port)
+    local_b = LocalBroker("b", broker.port)
+    # a hears it best, but within the hand-over margin: once b has it, only a lapse or the hysteresis moves it.
+    sims = {"a": start_simulator(scenario(-70)), "b": start_simulator(scenario(-74))}
+    j = Judge(broker.port)
+    extra = ", lease: 6"
+    bridges = {"a": BridgeProcess(config(local_a.port, "a", extra), sims["a"].env),
+               "b": BridgeProcess(config(local_b.port, "b", extra), sims["b"].env)}
+    try:
+        j.wait_json("blebridge/strap", lambda v: v.get("heart_rate_bpm") in (65, 66), timeout=40)
+        j.wait(lambda m: claim_owner(j) == "a", timeout=20, what="a's claim at the central broker")
+        assert connected(sims["b"]) == 0
+        cut = time.monotonic()
+        proxy.cut()
+        j.wait(lambda m: claim_owner(j) == "b", timeout=40, what="b's claim after the lease lapsed")
+        j.wait_json("blebridge/strap", lambda v: v.get("heart_rate_bpm") in (65, 66), after=time.monotonic(),
+                    timeout=40)
+        print(f"hand-over after the broker link was cut: {time.monotonic() - cut:.1f} s")
+        assert connected(sims["b"]) == 1
+        proxy.restore()
+        deadline = time.monotonic() + 40
+        while connected(sims["a"]) != 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert connected(sims["a"]) == 0, "a let go once it saw b's claim"
+        time.sleep(8)
+        assert claim_owner(j) == "b" and connected(sims["b"]) == 1, "a did not steal the strap back"
+    finally:
+        for b in bridges.values():
+            b.close()
+        j.close()
+        for s in sims.values():
+            s.stop()
+        local_a.close()
+        local_b.close()
+        proxy.close()
