@@ -32,7 +32,8 @@ def scenario(rssi, devices):
 
 def config(port, gateway, devices):
     lines = [f'mqtt: {{url: "mqtt://127.0.0.1:{port}"}}', "homeassistant: {enabled: false}",
-             f"gateway: {{id: {gateway}, handover_after: 600}}", "devices:"]
+             f"gateway: {{id: {gateway}, handover_after: 600}}", f"bluetooth: {{connection_slots: {max(5, devices)}}}",
+             "devices:"]
     for i in range(devices):
         lines.append(f'  - {{name: strap{i}, match: {{address: "{address(i)}"}}, mode: connected}}')
     return "\n".join(lines) + "\n"
@@ -82,7 +83,10 @@ def main():
             # bluetoothd keeps a killed client's links; a gateway that lost power would drop them (supervision
             # timeout), and only then can another gateway connect to a device that takes one connection.
             for i in range(args.devices):
-                sims[current].control("Disconnect", f"string:{address(i)}", "string:timeout")
+                try:
+                    sims[current].control("Disconnect", f"string:{address(i)}", "string:timeout")
+                except AssertionError:
+                    pass  # not connected there
             judge.wait(lambda m: owner(judge) == other, timeout=60, what=f"round {r + 1}: {other}'s claim")
             judge.wait_json("blebridge/strap0", lambda v: v.get("heart_rate_bpm") in (65, 66),
                             after=time.monotonic(), timeout=60)

@@ -348,6 +348,7 @@ public final class Bridge: Sendable {
         case .deviceRemoved(let address, _):
             guard let r = engine.withLock({ $0.byAddress[address] }) else { return }
             logger.debug("BlueZ forgot \(address)", ["device": r.id])
+            coordination?.forget(r.id)
         case .adapterAdded(let a):
             engine.withLock { s in
                 s.adapters.removeAll { $0.name == a.name }
@@ -374,6 +375,7 @@ public final class Bridge: Sendable {
                 for r in self.records { r.wakeSession() }
             }
         case .bluetoothdStopped:
+            for r in records { coordination?.forget(r.id) }
             engine.withLock {
                 $0.bluetoothdRunning = false
                 $0.adapters = []

@@ -142,6 +142,17 @@ public enum EffectiveConfig {
             ("auto_devices", .bool(c.autoDevices.enabled)),
             ("parsers", .array(c.parserSpecs.map { .string($0.name) })),
             ("peripheral", c.peripheral.map(peripheralSummary) ?? .null),
+            (
+                "gateway",
+                c.gateway.map { g in
+                    .object([
+                        ("id", .string(g.id)), ("lease", .double(g.ownership.lease)),
+                        ("handover_margin", .double(g.ownership.handoverMargin)),
+                        ("handover_after", .double(g.ownership.handoverAfter)),
+                        ("link_lost_grace", .double(g.ownership.linkLostGrace)),
+                    ])
+                } ?? .null
+            ),
         ])
     }
 

@@ -72,6 +72,15 @@ final class GatewayCoordination: Sendable {
     /// The coordination topics are subscribed (the retained claims and states arrive from now on).
     func subscribed() { state.withLock { $0.subscribed = true } }
 
+    /// BlueZ forgot the device (it stopped advertising for BlueZ's TemporaryTimeout) or bluetoothd went away: this
+    /// gateway no longer hears it.
+    func forget(_ device: String) {
+        state.withLock { s in
+            s.devices[device]?.lastRSSI = nil
+            s.devices[device]?.heardAt = nil
+        }
+    }
+
     // MARK: What the broker says
 
     /// Takes a coordination message (another gateway's state or sightings, a claim); false for anything else.
@@ -169,7 +178,10 @@ final class GatewayCoordination: Sendable {
             for (id, linkUp) in devices {
                 var d = s.devices[id, default: DeviceState()]
                 defer { s.devices[id] = d }
-                if let rssi = d.lastRSSI, let at = d.heardAt, wall - at <= rules.settings.sightingMaxAge {
+                // BlueZ signals an advertiser only when something changes (RSSI by 8 dB or more, data), and forgets
+                // it after its TemporaryTimeout without advertisements (forget(_:)): until then it is heard.
+                if let rssi = d.lastRSSI, d.heardAt != nil {
+                    d.heardAt = wall
                     d.smoothed.add(rssi)
                 }
                 var sightings = Array(d.sightings.values)
