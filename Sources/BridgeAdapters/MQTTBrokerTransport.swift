@@ -1,4 +1,5 @@
-// BridgeCore's MQTT port over the MQTT client (libmosquitto): the will is `bridge/state` offline, retained.
+// BridgeCore's MQTT port over the MQTT client (libmosquitto): the will is `bridge/state` (with several gateways
+// `bridge/<gateway>/state`) offline, retained.
 import BridgeCore
 import Logging
 import MQTT
@@ -11,7 +12,7 @@ public final class MQTTBrokerTransport: MQTTTransport {
 
     /// Makes the client from the bridge's `mqtt:` settings; `clientID` when the config gives none.
     /// - Throws: `ConfigError` naming the `mqtt.*` key a setting is wrong in.
-    public init(settings m: MQTTSettings, defaultClientID: String) throws(ConfigError) {
+    public init(settings m: MQTTSettings, defaultClientID: String, gateway: String? = nil) throws(ConfigError) {
         let broker: MQTTBrokerURL
         do {
             broker = try MQTTBrokerURL(parsing: m.url)
@@ -31,7 +32,7 @@ public final class MQTTBrokerTransport: MQTTTransport {
                 privateKeyFile: m.keyFile, verifyHostname: m.verifyHostname)
         }
         let will = MQTTOutgoingMessage(
-            topic: BridgeTopics(base: m.baseTopic).bridgeState, payload: Array("{\"state\":\"offline\"}".utf8),
+            topic: BridgeTopics(base: m.baseTopic, gateway: gateway).bridgeState, payload: Array("{\"state\":\"offline\"}".utf8),
             qos: .atLeastOnce, retain: true)
         var configuration = MQTTConfiguration(
             broker: broker, clientID: m.clientID ?? defaultClientID,

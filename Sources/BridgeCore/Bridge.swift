@@ -21,6 +21,8 @@ public final class Bridge: Sendable {
     let store: (any BridgeStateStore)?
     /// The peripheral role, when the configuration has a `peripheral:` section and a host was given.
     public let peripheral: PeripheralService?
+    /// Multi-gateway mode's coordination (nil: a single gateway).
+    let coordination: GatewayCoordination?
 
     struct EngineState {
         var config: BridgeConfig
@@ -79,7 +81,7 @@ public final class Bridge: Sendable {
         self.clock = clock
         self.logger = Bridge.forwarding(logger, to: mqtt, config: config).labelled(component: "bridge")
         self.gatewayName = gatewayName
-        let topics = BridgeTopics(base: config.mqtt.baseTopic, discoveryPrefix: config.homeAssistant.prefix)
+        let topics = config.topics
         var state = EngineState(config: config, topics: topics)
         for device in config.devices {
             let record = DeviceRecord(id: device.id, config: device, address: device.match.address)
@@ -89,6 +91,7 @@ public final class Bridge: Sendable {
         }
         engine = Mutex(state)
         started = clock.now
+        coordination = config.gateway.map { GatewayCoordination(settings: $0, topics: topics) }
         if let p = config.peripheral, let peripheralHost {
             let box = WeakBridge()
             let mqtt = mqtt
@@ -111,7 +114,7 @@ public final class Bridge: Sendable {
     /// `logger`, plus warnings and errors (`logging.mqtt_level`) published on `bridge/logging`.
     static func forwarding(_ logger: Logger, to mqtt: any MQTTTransport, config: BridgeConfig) -> Logger {
         guard let minimum = LogLevel(name: config.logging.mqttLevel) else { return logger }
-        let topic = BridgeTopics(base: config.mqtt.baseTopic).bridgeLogging
+        let topic = config.topics.bridgeLogging
         let forward = ClosureLogHandler(minimum: minimum) { level, message, metadata in
             var fields: [(String, JSONValue)] = [("level", .string(level.description)), ("message", .string(message))]
             if let device = metadata["device"] { fields.append(("device", .string(device))) }
@@ -345,6 +348,7 @@ public final class Bridge: Sendable {
         case .deviceRemoved(let address, _):
             guard let r = engine.withLock({ $0.byAddress[address] }) else { return }
             logger.debug("BlueZ forgot \(address)", ["device": r.id])
+            coordination?.forget(r.id)
         case .adapterAdded(let a):
             engine.withLock { s in
                 s.adapters.removeAll { $0.name == a.name }
@@ -371,6 +375,7 @@ public final class Bridge: Sendable {
                 for r in self.records { r.wakeSession() }
             }
         case .bluetoothdStopped:
+            for r in records { coordination?.forget(r.id) }
             engine.withLock {
                 $0.bluetoothdRunning = false
                 $0.adapters = []
@@ -389,6 +394,7 @@ public final class Bridge: Sendable {
         }
         guard let r = resolveDevice(for: adv) else { return }
         let c = r.config
+        if let g = coordination, c.mode != .passive, let rssi = adv.rssi { g.heard(r.id, rssi: rssi, wall: wall) }
         var appeared = false
         let (changed, wasOnline) = r.data.withLock { d -> ([(AdvertisementSource, [UInt8])], Bool?) in
             if d.address == nil { d.address = adv.address }
@@ -557,6 +563,12 @@ public final class Bridge: Sendable {
         let now = clock.now
         engine.withLock { $0.heartbeat = ContinuousClock.now }
         let c = config
+        if let g = coordination {
+            let served = records.filter { $0.config.mode != .passive }.map { r in
+                (id: r.id, linkUp: r.data.withLock { $0.session != .backingOff })
+            }
+            apply(g.evaluate(served, wall: clock.wallClock))
+        }
         for r in records {
             let (mode, online, lastAdvert, interval) = r.data.withLock { d in
                 (r.config.mode, d.online, d.lastAdvert, d.advertInterval)
@@ -685,6 +697,28 @@ public final class Bridge: Sendable {
         publish(
             topics.bridgeEvent, JSONValue.object([("type", .string(type)), ("data", .object(data))]).bytes, qos: 0,
             retain: false)
+    }
+
+    /// Carries out what the multi-gateway coordination asks for.
+    func apply(_ effects: [GatewayEffect]) {
+        for effect in effects {
+            switch effect {
+            case .publish(let topic, let payload):
+                publish(topic, payload, qos: 1, retain: true)
+            case .handOver(let device, let to):
+                guard let r = record(device) else { continue }
+                logger.info("gateway \(to.isEmpty ? "(none)" : to) serves it now; disconnecting", ["device": r.id])
+                r.data.withLock { $0.handOverTo = to }
+                r.wakeSession()
+            case .wake(let device):
+                guard let r = record(device) else { continue }
+                if coordination?.mayConnect(device) == true {
+                    logger.info("this gateway serves it", ["device": r.id])
+                    publishDiscovery(r, force: true)
+                }
+                r.wakeSession()
+            }
+        }
     }
 
     /// Logs a warning and forwards it to `bridge/logging`.

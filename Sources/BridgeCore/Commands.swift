@@ -70,6 +70,7 @@ extension Bridge {
             filters.append("\(ha.prefix)/device/+/config")
         }
         filters += peripheral?.sourceTopics ?? []
+        if coordination != nil { filters += topics.coordinationSubscriptions }
         for filter in filters {
             do {
                 try await mqtt.subscribe(filter)
@@ -77,6 +78,7 @@ extension Bridge {
                 logger.error("cannot subscribe to \(filter): \(error); commands there are not served")
             }
         }
+        coordination?.subscribed()
     }
 
     /// `messages` is taken before the first subscribe (`incoming()` only gives what arrives from then on), so the
@@ -90,6 +92,11 @@ extension Bridge {
 
     func handleIncoming(_ message: BridgeIncomingMessage) async {
         let c = config
+        if let g = coordination {
+            let (handled, effects) = g.handle(message, wall: clock.wallClock)
+            apply(effects)
+            if handled { return }
+        }
         if let peripheral, peripheral.handle(message) { return }
         if c.homeAssistant.enabled, message.topic == c.homeAssistant.statusTopic {
             if message.text == "online" {
@@ -134,6 +141,10 @@ extension Bridge {
             if case .set = command { isSet = true } else { isSet = false }
             let body: @Sendable () async -> Void = {
                 await self.handleSetGet(isSet: isSet, device: device, name: name, message)
+            }
+            if let r = record(device), let g = coordination, r.config.mode != .passive, !g.mayConnect(r.id) {
+                // Several gateways: the one that serves the device answers.
+                return
             }
             if let r = record(device) {
                 // Commands to one device run one after the other, in order.

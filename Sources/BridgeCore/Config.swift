@@ -255,6 +255,18 @@ public struct LoggingSettings: Sendable, Hashable {
     public var mqttLevel: String = "warning"
 }
 
+/// Multi-gateway mode (`gateway:`): several bridges share the devices through the broker, each connected device
+/// served by one of them at a time (docs/MULTI-GATEWAY.md).
+public struct GatewaySettings: Sendable, Equatable {
+    /// The gateway's id, sanitized like a device name (`attic`).
+    public var id: String
+    /// Lease, hand-over margin and time, link-lost grace.
+    public var ownership = OwnershipSettings()
+
+    /// Settings for gateway `id`.
+    public init(id: String) { self.id = id }
+}
+
 /// The whole configuration.
 public struct BridgeConfig: Sendable {
     /// Broker and topics.
@@ -283,6 +295,13 @@ public struct BridgeConfig: Sendable {
     public var registry = GATTParserRegistry()
     /// The peripheral role (GATT server, advertising, BTHome broadcast); nil: off.
     public var peripheral: PeripheralConfig?
+    /// Multi-gateway mode; nil: a single gateway.
+    public var gateway: GatewaySettings?
+
+    /// The topics of this configuration (base topic, discovery prefix, gateway).
+    public var topics: BridgeTopics {
+        BridgeTopics(base: mqtt.baseTopic, discoveryPrefix: homeAssistant.prefix, gateway: gateway?.id)
+    }
 
     /// An empty configuration with the built-in parsers.
     public init() {
@@ -361,8 +380,33 @@ extension BridgeConfig {
 
     static let topKeys: Set<String> = [
         "mqtt", "homeassistant", "bluetooth", "availability", "logging", "allow_raw_gatt", "devices", "auto_devices",
-        "parsers", "health", "metrics", "peripheral",
+        "parsers", "health", "metrics", "peripheral", "gateway",
     ]
+
+    static func loadGateway(_ g: ConfigNode) -> GatewaySettings? {
+        guard g.expectMapping(allowed: ["id", "lease", "handover_margin", "handover_after", "link_lost_grace"]) else {
+            g.fail("must be a mapping (gateway: {id: attic})")
+            return nil
+        }
+        guard let node = g["id"] else {
+            g.fail("missing 'id' (gateway: {id: attic})")
+            return nil
+        }
+        guard let raw = node.string else { return nil }
+        let id = sanitizeDeviceID(raw)
+        guard !id.isEmpty, id != "claims", !["state", "info", "devices", "event", "logging", "health", "request",
+            "response"].contains(id)
+        else {
+            node.fail("\"\(raw)\" cannot be a gateway id (it must have a letter or digit, and not be a bridge topic name)")
+            return nil
+        }
+        var settings = GatewaySettings(id: id)
+        if let v = g["lease"]?.number(3...3600) { settings.ownership.lease = v }
+        if let v = g["handover_margin"]?.number(0...100) { settings.ownership.handoverMargin = v }
+        if let v = g["handover_after"]?.number(0...86400) { settings.ownership.handoverAfter = v }
+        if let v = g["link_lost_grace"]?.number(0...86400) { settings.ownership.linkLostGrace = v }
+        return settings
+    }
 
     static func load(_ root: ConfigNode) -> BridgeConfig {
         var config = BridgeConfig()
@@ -392,6 +436,7 @@ extension BridgeConfig {
                 }
             }
         }
+        if let g = root["gateway"] { config.gateway = loadGateway(g) }
         if let h = root["health"] {
             h.expectMapping(allowed: ["interval"])
             if let i = h["interval"]?.seconds(0...86400) { config.healthInterval = i }

@@ -19,6 +19,8 @@ public enum SessionState: String, Sendable, Hashable {
     case streaming
     /// Waiting before the next connection attempt.
     case backingOff = "backing_off"
+    /// Multi-gateway mode: another gateway serves it, or this one's claim has not stood yet.
+    case standby
     /// A poll (connect, read, disconnect) under way.
     case polling
     /// Disconnected on request (`bridge/request/device/disconnect`); not reconnecting.
@@ -59,6 +61,8 @@ struct DeviceData {
     var wakeRequested = false
     var sessionTask: Task<Void, Never>?
     var userDisconnected = false
+    /// Multi-gateway mode: another gateway serves the device now (its id); the session disconnects and waits.
+    var handOverTo: String?
     var adapter: String?
     /// The class of the last failed attempt (decides whether an advertisement cuts the backoff short).
     var lastFailure: BLEError.Kind?

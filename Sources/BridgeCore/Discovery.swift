@@ -142,6 +142,17 @@ public enum EffectiveConfig {
             ("auto_devices", .bool(c.autoDevices.enabled)),
             ("parsers", .array(c.parserSpecs.map { .string($0.name) })),
             ("peripheral", c.peripheral.map(peripheralSummary) ?? .null),
+            (
+                "gateway",
+                c.gateway.map { g in
+                    .object([
+                        ("id", .string(g.id)), ("lease", .double(g.ownership.lease)),
+                        ("handover_margin", .double(g.ownership.handoverMargin)),
+                        ("handover_after", .double(g.ownership.handoverAfter)),
+                        ("link_lost_grace", .double(g.ownership.linkLostGrace)),
+                    ])
+                } ?? .null
+            ),
         ])
     }
 
@@ -313,6 +324,8 @@ extension Bridge {
     func publishDiscovery(_ r: DeviceRecord, force: Bool = false) {
         let c = config
         guard c.homeAssistant.enabled else { return }
+        // Several gateways: the one that serves a device publishes its discovery (naming itself as via_device).
+        if let g = coordination, r.config.mode != .passive, !g.mayConnect(r.id) { return }
         let payload = discoveryPayload(r, c)
         let text = payload.text
         let changed = r.data.withLock { d -> Bool in

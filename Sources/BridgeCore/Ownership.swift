@@ -164,8 +164,14 @@ public struct OwnershipRules: Sendable {
             }
             return .stayAway
         }
-        // No binding claim: the best fresh candidate claims; the others wait for its claim.
-        guard let best = fresh.min(by: { Self.better(($0.gateway, $0.rssi), than: ($1.gateway, $1.rssi)) }) else {
+        // No binding claim: the best fresh candidate claims; the others wait for its claim. An owner whose lease
+        // lapsed without renewal is not reaching us (cut off behind a broker bridge, say), whatever its retained
+        // state and sightings say: it is no candidate.
+        var candidates = fresh
+        if let claim, claim.owner != me, claim.state != .released, now >= claim.expires {
+            candidates.removeAll { $0.gateway == claim.owner }
+        }
+        guard let best = candidates.min(by: { Self.better(($0.gateway, $0.rssi), than: ($1.gateway, $1.rssi)) }) else {
             return claim?.owner == me ? .yield(to: "") : .stayAway
         }
         if best.gateway == me {
@@ -183,8 +189,10 @@ public struct OwnershipRules: Sendable {
     /// Whether this gateway, having claimed (`mine`), must give way to a claim it then received (`other`).
     public func mustYield(mine: DeviceClaim, to other: DeviceClaim, now: Double, online: Set<String>) -> Bool {
         guard other.owner != me, isValid(other, now: now, online: online) else { return false }
-        // A takeover by hysteresis (the other claimed later than an established claim of ours) is not a race.
+        // A takeover by hysteresis (the other claimed later than an established claim of ours) is not a race; nor
+        // is an older claim (its owner was cut off while we took over, and its renewals reach us late): it yields.
         if other.since > mine.since + 1 { return true }
+        if other.since < mine.since - 1 { return false }
         return winner(mine, other).owner != me
     }
 

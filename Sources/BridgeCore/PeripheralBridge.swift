@@ -20,7 +20,7 @@ public final class PeripheralBridge: Sendable {
     ) {
         self.mqtt = mqtt
         self.gatewayName = gatewayName
-        let topics = BridgeTopics(base: config.mqtt.baseTopic, discoveryPrefix: config.homeAssistant.prefix)
+        let topics = config.topics
         self.topics = topics
         let logger = Bridge.forwarding(logger, to: mqtt, config: config).labelled(component: "serve")
         self.logger = logger

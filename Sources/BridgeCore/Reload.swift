@@ -50,6 +50,10 @@ extension Bridge {
             summary.needsRestart.append("homeassistant.prefix")
             applied.homeAssistant.prefix = old.homeAssistant.prefix
         }
+        if old.gateway != new.gateway {
+            summary.needsRestart.append("gateway")
+            applied.gateway = old.gateway
+        }
         if old.peripheral != new.peripheral {
             summary.needsRestart.append("peripheral")
             applied.peripheral = old.peripheral

@@ -48,6 +48,8 @@ enum StreamEnd: Sendable {
     case silent(BluetoothUUID, Double)
     case subscriptionEnded(BluetoothUUID, String)
     case stopped
+    /// Multi-gateway mode: another gateway serves the device now.
+    case handedOver(String)
 }
 
 extension Bridge {
@@ -147,10 +149,27 @@ extension Bridge {
 
     // MARK: Connected mode
 
+    /// Multi-gateway mode: waits while another gateway serves the device (or our claim has not stood yet). False
+    /// when cancelled.
+    func waitForOwnership(_ r: DeviceRecord) async -> Bool {
+        guard let g = coordination else { return true }
+        while !Task.isCancelled, !g.mayConnect(r.id) {
+            r.data.withLock { $0.handOverTo = nil }
+            if r.data.withLock({ $0.session }) != .standby {
+                setSession(r, .standby)
+                publishDevices()
+            }
+            if await waitForRetry(r, delay: .seconds(5)) == false { return false }
+        }
+        r.data.withLock { $0.handOverTo = nil }
+        return !Task.isCancelled
+    }
+
     func connectionLoop(_ r: DeviceRecord) async {
         var attempt = 0
         var quickDrops = 0
         while !Task.isCancelled {
+            if await waitForOwnership(r) == false { break }
             let outcome: Result<StreamEnd, BLEError>
             outcome = await connectAndStream(r)
             if Task.isCancelled { break }
@@ -175,6 +194,10 @@ extension Bridge {
                     reason = "characteristic \(uuid) silent for \(Int(secs)) s (subscription stalled)"
                 case .subscriptionEnded(let uuid, let why): reason = "subscription to \(uuid) ended (\(why))"
                 case .stopped: reason = "stopped"
+                case .handedOver(let to):
+                    // Not a failure: wait for the ownership to come back (waitForOwnership) without a reconnect.
+                    publishEvent("handed_over", r, [("to", .string(to))])
+                    continue
                 }
                 count(reconnect: reason.hasPrefix("link") ? "link-lost" : "silent-or-ended")
                 r.data.withLock {
@@ -325,6 +348,9 @@ extension Bridge {
             setAvailability(r, online: false)
             logger.info("disconnected on request", ["device": r.id])
             publishEvent("disconnected", r, [("reason", .string("requested"))])
+        } else if case .handedOver(let to) = end {
+            await uncancelled { await link.disconnect() }
+            logger.info("disconnected: gateway \(to) serves it now", ["device": r.id])
         } else if case .linkLost = end {
         } else {
             await uncancelled { await link.disconnect() }
@@ -364,12 +390,16 @@ extension Bridge {
                     }
                 })
         }
-        if !streams.isEmpty {
+        if !streams.isEmpty || coordination != nil {
             tasks.append(
                 Task {
                     while !Task.isCancelled {
                         do { try await self.clock.sleep(for: .seconds(1)) } catch { return }
-                        if let silent = self.silentCharacteristic(r, factor: factor) {
+                        if let to = r.data.withLock({ $0.handOverTo }) {
+                            endsContinuation.yield(.handedOver(to))
+                            return
+                        }
+                        if !streams.isEmpty, let silent = self.silentCharacteristic(r, factor: factor) {
                             endsContinuation.yield(.silent(silent.0, silent.1))
                             return
                         }
@@ -501,6 +531,7 @@ extension Bridge {
     func pollLoop(_ r: DeviceRecord) async {
         var attempt = 0
         while !Task.isCancelled {
+            if await waitForOwnership(r) == false { break }
             let result = await pollOnce(r)
             let delay: Duration
             switch result {
@@ -542,6 +573,9 @@ extension Bridge {
             return .success(())
         }
         guard let address = r.address else { return .failure(BLEError(.notFound, message: "not seen advertising yet")) }
+        if let g = coordination, !g.mayConnect(r.id) {
+            return .failure(BLEError(.failed, message: "another gateway serves it (multi-gateway mode)"))
+        }
         guard let adapter = acquireSlot(r) else { return .failure(noSlotError(r)) }
         defer { releaseSlot(adapter) }
         let previous = r.data.withLock { $0.session }

@@ -72,7 +72,8 @@ public enum CheckConfigCommand: CLICommand {
         case .success(let config):
             // The broker settings are checked the way `run` checks them (URL form, TLS files, client options).
             do {
-                _ = try MQTTBrokerTransport(settings: config.mqtt, defaultClientID: "blebridge-check")
+                _ = try MQTTBrokerTransport(
+                    settings: config.mqtt, defaultClientID: "blebridge-check", gateway: config.gateway?.id)
             } catch {
                 writeErr("\(arguments[0]): \(error)")
                 writeErr("blebridge check-config: 1 problem")

@@ -21,7 +21,8 @@ struct Daemon {
     let logger: Logger
 
     func run() async -> Int32 {
-        let host = hostName()
+        // With several gateways their id names them (client id, via_device, bridge/info), whatever the host.
+        let host = config.gateway?.id ?? hostName()
         let (transport, central): (MQTTBrokerTransport, BlueZCentral)
         switch await startParts(
             config, clientID: "blebridge-\(host)", requiredAdapters: config.bluetooth.adapters,
@@ -253,7 +254,8 @@ func startParts(
     Bridge.cipher = OpenSSLAESCCM()
     let transport: MQTTBrokerTransport
     do {
-        transport = try MQTTBrokerTransport(settings: config.mqtt, defaultClientID: clientID)
+        transport = try MQTTBrokerTransport(
+            settings: config.mqtt, defaultClientID: clientID, gateway: config.gateway?.id)
     } catch {
         logger.error("configuration: \(error)")
         return .failure(StartFailure(code: ExitCode.configError))

@@ -188,6 +188,7 @@ private func device(_ config: BridgeConfig, _ id: String) throws -> DeviceConfig
             ("devices[0].match", "mqtt: {\(url)}\ndevices: [{match: {address: \"A4:C1:38:12:34:56\", zz_probe: 1}}]"),
             ("devices[0].writable[0]", "mqtt: {\(url)}\ndevices: [{\(address), \(writable)}]"),
             ("peripheral", "mqtt: {\(url)}\nperipheral: {zz_probe: 1}"),
+            ("gateway", "mqtt: {\(url)}\ngateway: {id: attic, zz_probe: 1}"),
             ("peripheral.services[0]", "mqtt: {\(url)}\nperipheral: {services: [{uuid: 180F, zz_probe: 1}]}"),
             (
                 "peripheral.services[0].characteristics[0]",

@@ -417,8 +417,12 @@ final class FakeMQTT: MQTTTransport {
         stateContinuation.yield(initialState)
     }
 
+    /// The broker shared with other FakeMQTTs (multi-gateway tests); nil: this transport stands alone.
+    let broker = Mutex<FakeBroker?>(nil)
+
     func publish(_ message: BridgeOutgoingMessage) throws(BridgeTransportError) {
         published.withLock { $0.append(message) }
+        broker.withLock { $0 }?.route(message)
     }
 
     /// What the broker holds retained (`retain(_:_:)`), delivered on every matching subscribe, as a broker does.
@@ -430,7 +434,8 @@ final class FakeMQTT: MQTTTransport {
 
     func subscribe(_ filter: String) async throws(BridgeTransportError) {
         filters.withLock { $0.append(filter) }
-        let matching = retainedMessages.withLock { $0 }.filter { Self.matches(filter, $0.topic) }
+        let held = broker.withLock { $0 }?.retainedMessages ?? retainedMessages.withLock { $0 }
+        let matching = held.filter { Self.matches(filter, $0.topic) }
         guard !matching.isEmpty else { return }
         if listening.withLock({ $0 }) {
             for m in matching { inject(m.topic, m.text, retain: true) }
@@ -676,3 +681,42 @@ let docsConfig = """
         mode: connected
         writable: [setpoint_c]
     """
+
+/// A broker for several FakeMQTTs: a publish reaches every attached transport whose filters match (the publisher
+/// too, as mosquitto does), retained messages are kept (an empty one clears) and delivered on subscribe.
+final class FakeBroker: Sendable {
+    struct State {
+        var clients: [FakeMQTT] = []
+        var retained: [(topic: String, text: String)] = []
+    }
+
+    let state = Mutex(State())
+
+    func attach(_ client: FakeMQTT) {
+        client.broker.withLock { $0 = self }
+        state.withLock { $0.clients.append(client) }
+    }
+
+    /// The client's connection breaks: it is cut off, and its will (`topic` offline, retained) goes out.
+    func cut(_ client: FakeMQTT, will topic: String) {
+        client.broker.withLock { $0 = nil }
+        state.withLock { $0.clients.removeAll { $0 === client } }
+        route(BridgeOutgoingMessage(topic: topic, text: #"{"state":"offline"}"#, retain: true))
+    }
+
+    var retainedMessages: [(topic: String, text: String)] { state.withLock { $0.retained } }
+
+    func route(_ message: BridgeOutgoingMessage) {
+        let text = String(decoding: message.payload, as: UTF8.self)
+        let clients = state.withLock { s -> [FakeMQTT] in
+            if message.retain {
+                s.retained.removeAll { $0.topic == message.topic }
+                if !message.payload.isEmpty { s.retained.append((message.topic, text)) }
+            }
+            return s.clients
+        }
+        for c in clients where c.filters.withLock({ $0 }).contains(where: { FakeMQTT.matches($0, message.topic) }) {
+            c.inject(message.topic, text)
+        }
+    }
+}

@@ -82,13 +82,15 @@ import Testing
         #expect(
             attic.decide(claim: claim, sightings: s, online: both, now: 129, betterSince: nil, linkUp: false)
                 == .stayAway)
-        // Lapsed (hall stopped renewing), hall still the best heard: hall claims anew, attic waits.
-        #expect(
-            claimant(hall.decide(claim: claim, sightings: s, online: both, now: 131, betterSince: nil, linkUp: false))
-                == "hall")
-        #expect(
-            attic.decide(claim: claim, sightings: s, online: both, now: 131, betterSince: nil, linkUp: false)
-                == .stayAway)
+        // Lapsed (hall stopped renewing): hall, still the best heard, claims anew; attic does not wait for a gateway
+        // that failed to renew (it may be cut off) and claims too; the race goes to hall by RSSI.
+        let hallAgain = hall.decide(claim: claim, sightings: s, online: both, now: 131, betterSince: nil, linkUp: false)
+        let atticToo = attic.decide(claim: claim, sightings: s, online: both, now: 131, betterSince: nil, linkUp: false)
+        #expect(claimant(hallAgain) == "hall" && claimant(atticToo) == "attic")
+        if case .claim(let h) = hallAgain, case .claim(let a) = atticToo {
+            #expect(attic.mustYield(mine: a, to: h, now: 131.2, online: both))
+            #expect(!hall.mustYield(mine: h, to: a, now: 131.2, online: both))
+        }
         // hall's sighting goes stale too: attic claims.
         #expect(
             claimant(
@@ -145,6 +147,26 @@ import Testing
         // Exactly one of them gives way.
         #expect(attic.mustYield(mine: a, to: h, now: 100.3, online: both))
         #expect(!hall.mustYield(mine: h, to: a, now: 100.3, online: both))
+    }
+
+    /// An owner cut off from the others (its broker bridge down) keeps renewing where only it sees; when it comes
+    /// back, its older claim meets the one that took over meanwhile: the older yields, whatever the RSSI, so a
+    /// returning gateway does not steal the device back.
+    @Test func anOlderClaimReturningFromACutOffGatewayYields() {
+        let stale = DeviceClaim(owner: "attic", rssi: -50, expires: 230, since: 100)
+        let takeover = DeviceClaim(owner: "hall", rssi: -75, expires: 230, since: 160)
+        #expect(attic.mustYield(mine: stale, to: takeover, now: 200, online: both))
+        #expect(!hall.mustYield(mine: takeover, to: stale, now: 200, online: both))
+    }
+
+    /// An owner cut off behind a broker bridge still looks online and its sightings look fresh (both retained), but
+    /// its lease lapses: the others do not wait for it.
+    @Test func anOwnerWhoseLeaseLapsedIsNoCandidate() {
+        let lapsed = DeviceClaim(owner: "attic", rssi: -50, expires: 130, since: 100)
+        let action = hall.decide(
+            claim: lapsed, sightings: sightings(attic: -50, hall: -80, at: 125), online: both, now: 131,
+            betterSince: nil, linkUp: false)
+        #expect(claimant(action) == "hall")
     }
 
     @Test func smoothingDampsOneOddAdvertisement() {

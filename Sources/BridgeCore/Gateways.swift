@@ -1,0 +1,298 @@
+// Multi-gateway mode (`gateway:`): which gateway serves each connected, poll or on-demand device, agreed through
+// retained MQTT messages only (docs/MULTI-GATEWAY.md). `OwnershipRules` decide; this keeps what the broker said,
+// publishes this gateway's sightings and claims, and tells the device sessions whether they may connect.
+import Synchronization
+
+/// What the coordination asks the bridge to do.
+enum GatewayEffect: Sendable, Equatable {
+    /// Publish (retained, QoS 1).
+    case publish(topic: String, payload: [UInt8])
+    /// Another gateway serves the device now: disconnect it (intentionally) without marking it offline.
+    case handOver(device: String, to: String)
+    /// The device's ownership changed: wake its session (it may connect now, or must wait).
+    case wake(device: String)
+}
+
+/// One gateway's view of the others and of the claims, and its own sightings and claims.
+final class GatewayCoordination: Sendable {
+    let rules: OwnershipRules
+    let topics: BridgeTopics
+    var me: String { rules.me }
+
+    struct DeviceState {
+        /// The retained claim as the broker last delivered it.
+        var claim: DeviceClaim?
+        /// Our claim as last published (nil: we do not claim the device).
+        var ours: DeviceClaim?
+        /// Our claim came back from the broker unchallenged: the session may connect.
+        var stood = false
+        /// Smoothed once a second from the latest RSSI: BlueZ signals RSSI only when it changes, so samples per
+        /// advertisement event would weigh a moving device by how often it changes.
+        var smoothed = SmoothedRSSI()
+        var lastRSSI: Double?
+        var heardAt: Double?
+        var betterSince: Double?
+        /// Other gateways' sightings, by gateway.
+        var sightings: [String: Sighting] = [:]
+        /// We claimed or gave the device up in this run: a retained claim naming us is then a stale echo, not
+        /// ours from before a restart.
+        var touched = false
+    }
+
+    struct State {
+        var devices: [String: DeviceState] = [:]
+        /// Gateways whose `bridge/<id>/state` is online (this one always counts).
+        var online: Set<String> = []
+        var lastSightings: Double = -1_000_000
+        var publishedRSSI: [String: Double] = [:]
+        /// The coordination topics are subscribed: claims may be made (their echo would be missed before).
+        var subscribed = false
+    }
+
+    let state = Mutex(State())
+
+    init(settings: GatewaySettings, topics: BridgeTopics) {
+        rules = OwnershipRules(me: settings.id, settings: settings.ownership)
+        self.topics = topics
+    }
+
+    // MARK: What this gateway hears
+
+    /// An advertisement of `device` at `rssi` dBm.
+    func heard(_ device: String, rssi: Int, wall: Double) {
+        state.withLock { s in
+            var d = s.devices[device, default: DeviceState()]
+            if d.smoothed.value == nil { d.smoothed.add(Double(rssi)) }
+            d.lastRSSI = Double(rssi)
+            d.heardAt = wall
+            s.devices[device] = d
+        }
+    }
+
+    /// The coordination topics are subscribed (the retained claims and states arrive from now on).
+    func subscribed() { state.withLock { $0.subscribed = true } }
+
+    /// BlueZ forgot the device (it stopped advertising for BlueZ's TemporaryTimeout) or bluetoothd went away: this
+    /// gateway no longer hears it.
+    func forget(_ device: String) {
+        state.withLock { s in
+            s.devices[device]?.lastRSSI = nil
+            s.devices[device]?.heardAt = nil
+        }
+    }
+
+    // MARK: What the broker says
+
+    /// Takes a coordination message (another gateway's state or sightings, a claim); false for anything else.
+    func handle(_ message: BridgeIncomingMessage, wall: Double) -> (handled: Bool, effects: [GatewayEffect]) {
+        let prefix = topics.base + "/bridge/"
+        guard message.topic.hasPrefix(prefix) else { return (false, []) }
+        let rest = message.topic.dropFirst(prefix.count).split(separator: "/", omittingEmptySubsequences: false)
+        guard rest.count == 2 else { return (false, []) }
+        let (first, second) = (String(rest[0]), String(rest[1]))
+        let json = message.payload.isEmpty ? nil : try? JSONReader.parse(message.payload)
+        if first == "claims" {
+            return (true, receiveClaim(second, json.flatMap(Self.claim), wall: wall))
+        }
+        switch second {
+        case "state":
+            let online = json?["state"]?.string == "online"
+            let changed = state.withLock { s -> Bool in
+                let was = s.online.contains(first)
+                if online { s.online.insert(first) } else { s.online.remove(first) }
+                return was != online
+            }
+            // An owner going away lets the others claim at the next evaluation (each tick).
+            _ = changed
+            return (true, [])
+        case "sightings":
+            guard first != me else { return (true, []) }
+            state.withLock { s in
+                for key in s.devices.keys { s.devices[key]?.sightings[first] = nil }
+                guard case .object(let entries)? = json else { return }
+                for (key, value) in entries {
+                    guard let rssi = value["rssi"]?.number, let at = value["at"]?.number else { continue }
+                    s.devices[key, default: DeviceState()].sightings[first] = Sighting(gateway: first, rssi: rssi, at: at)
+                }
+            }
+            return (true, [])
+        default:
+            return (false, [])
+        }
+    }
+
+    func receiveClaim(_ device: String, _ claim: DeviceClaim?, wall: Double) -> [GatewayEffect] {
+        state.withLock { s -> [GatewayEffect] in
+            var d = s.devices[device, default: DeviceState()]
+            defer { s.devices[device] = d }
+            d.claim = claim
+            guard let ours = d.ours else { return [] }
+            if let claim, claim.owner == me {
+                // Our own claim back from the broker (or a later renewal of it): it stands.
+                if claim == ours, !d.stood {
+                    d.stood = true
+                    return [.wake(device: device)]
+                }
+                return []
+            }
+            let online = s.online.union([me])
+            if let claim, rules.mustYield(mine: ours, to: claim, now: wall, online: online) {
+                d.touched = true
+                let wasServing = d.stood
+                d.ours = nil
+                d.stood = false
+                return wasServing ? [.handOver(device: device, to: claim.owner)] : [.wake(device: device)]
+            }
+            // We win (a race the broker resolved the other way, or the claim was removed): claim again.
+            return [.publish(topic: topics.claim(device), payload: Self.payload(ours))]
+        }
+    }
+
+    // MARK: Decisions
+
+    /// Whether the session of `device` may connect now: our claim stands.
+    func mayConnect(_ device: String) -> Bool {
+        state.withLock { s in
+            guard let d = s.devices[device], let ours = d.ours, d.stood else { return false }
+            return d.claim?.owner == me && ours.owner == me
+        }
+    }
+
+    /// The gateway that serves `device` now, as far as this one knows (nil: none).
+    func owner(of device: String, wall: Double) -> String? {
+        state.withLock { s in
+            guard let claim = s.devices[device]?.claim,
+                rules.isValid(claim, now: wall, online: s.online.union([me]))
+            else { return nil }
+            return claim.owner
+        }
+    }
+
+    /// One round for the non-passive devices (`linkUp`: this gateway's link to it is up or being made) and the
+    /// sightings message when due.
+    func evaluate(_ devices: [(id: String, linkUp: Bool)], wall: Double) -> [GatewayEffect] {
+        state.withLock { s -> [GatewayEffect] in
+            var effects: [GatewayEffect] = []
+            guard s.subscribed else { return [] }
+            let online = s.online.union([me])
+            for (id, linkUp) in devices {
+                var d = s.devices[id, default: DeviceState()]
+                defer { s.devices[id] = d }
+                // BlueZ signals an advertiser only when something changes (RSSI by 8 dB or more, data), and forgets
+                // it after its TemporaryTimeout without advertisements (forget(_:)): until then it is heard.
+                if let rssi = d.lastRSSI, d.heardAt != nil {
+                    d.heardAt = wall
+                    d.smoothed.add(rssi)
+                }
+                var sightings = Array(d.sightings.values)
+                if let at = d.heardAt, let rssi = d.smoothed.value {
+                    sightings.append(Sighting(gateway: me, rssi: rssi, at: at))
+                }
+                // Waiting for our claim to come back: do not claim again for a few seconds.
+                if let ours = d.ours, !d.stood, wall - ours.since < 5 { continue }
+                if let claim = d.claim, claim.owner != me,
+                    rules.hearsBetter(claim: claim, sightings: sightings, now: wall)
+                {
+                    if d.betterSince == nil { d.betterSince = wall }
+                } else {
+                    d.betterSince = nil
+                }
+                switch rules.decide(
+                    claim: d.claim, sightings: sightings, online: online, now: wall, betterSince: d.betterSince,
+                    linkUp: linkUp)
+                {
+                case .claim(let made):
+                    let c = Self.normalized(made)
+                    d.touched = true
+                    d.ours = c
+                    d.stood = false
+                    d.betterSince = nil
+                    effects.append(.publish(topic: topics.claim(id), payload: Self.payload(c)))
+                case .serve(let renew):
+                    if d.ours == nil {
+                        // Our claim from before a restart, still retained, is ours again; one we gave up in this
+                        // run is a stale echo (the winner's claim follows).
+                        guard !d.touched, let claim = d.claim else { continue }
+                        d.touched = true
+                        d.ours = claim
+                        d.stood = true
+                        effects.append(.wake(device: id))
+                    }
+                    if let made = renew {
+                        let renew = Self.normalized(made)
+                        d.ours = renew
+                        effects.append(.publish(topic: topics.claim(id), payload: Self.payload(renew)))
+                    }
+                case .yield(let to):
+                    if d.ours != nil {
+                        d.touched = true
+                        let wasServing = d.stood
+                        d.ours = nil
+                        d.stood = false
+                        effects.append(wasServing ? .handOver(device: id, to: to) : .wake(device: id))
+                    }
+                case .stayAway:
+                    if d.ours != nil, d.claim?.owner != me {
+                        d.touched = true
+                        let wasServing = d.stood
+                        d.ours = nil
+                        d.stood = false
+                        effects.append(
+                            wasServing ? .handOver(device: id, to: d.claim?.owner ?? "") : .wake(device: id))
+                    }
+                }
+            }
+            effects += sightingsIfDue(&s, wall: wall)
+            return effects
+        }
+    }
+
+    /// This gateway's sightings, every 10 s and when a smoothed RSSI moved by 3 dB (at most once a second).
+    func sightingsIfDue(_ s: inout State, wall: Double) -> [GatewayEffect] {
+        var fresh: [(String, Double, Double)] = []
+        var moved = false
+        for (id, d) in s.devices {
+            guard let at = d.heardAt, let rssi = d.smoothed.value, wall - at <= rules.settings.sightingMaxAge else {
+                continue
+            }
+            fresh.append((id, rssi, at))
+            if abs((s.publishedRSSI[id] ?? -1000) - rssi) >= 3 { moved = true }
+        }
+        let since = wall - s.lastSightings
+        guard since >= 10 || (moved && since >= 1) else { return [] }
+        s.lastSightings = wall
+        s.publishedRSSI = [:]
+        var entries: [(String, JSONValue)] = []
+        for (id, rssi, at) in fresh.sorted(by: { $0.0 < $1.0 }) {
+            let rounded = (rssi * 10).rounded() / 10
+            s.publishedRSSI[id] = rounded
+            entries.append((id, .object([("rssi", .double(rounded)), ("at", .double((at * 10).rounded() / 10))])))
+        }
+        return [.publish(topic: topics.sightings, payload: JSONValue.object(entries).bytes)]
+    }
+
+    // MARK: Claim messages
+
+    /// The claim as its message carries it (RSSI to 0.1 dB, times to the millisecond), so our own claim compares
+    /// equal to its echo from the broker.
+    static func normalized(_ c: DeviceClaim) -> DeviceClaim {
+        DeviceClaim(
+            owner: c.owner, rssi: (c.rssi * 10).rounded() / 10, expires: (c.expires * 1000).rounded() / 1000,
+            state: c.state, since: (c.since * 1000).rounded() / 1000)
+    }
+
+    static func payload(_ c: DeviceClaim) -> [UInt8] {
+        let c = normalized(c)
+        return JSONValue.object([
+            ("owner", .string(c.owner)), ("rssi", .double(c.rssi)), ("expires", .double(c.expires)),
+            ("state", .string(c.state.rawValue)), ("since", .double(c.since)),
+        ]).bytes
+    }
+
+    static func claim(_ v: JSONValue) -> DeviceClaim? {
+        guard let owner = v["owner"]?.string, let rssi = v["rssi"]?.number, let expires = v["expires"]?.number,
+            let since = v["since"]?.number, let state = v["state"]?.string.flatMap(DeviceClaim.State.init(rawValue:))
+        else { return nil }
+        return DeviceClaim(owner: owner, rssi: rssi, expires: expires, state: state, since: since)
+    }
+}
