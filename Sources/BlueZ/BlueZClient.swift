@@ -340,12 +340,14 @@ public final class BlueZClient: Sendable {
     }
 
     /// Adds objects bluetoothd exports but the mirror lacks (bluez#1489: `ServicesResolved` before the objects).
-    func refreshMissingObjects() async {
-        guard let owner = core.withLock({ $0.owner }) else { return }
+    /// Returns the paths bluetoothd exports (nil when it did not answer).
+    @discardableResult
+    func refreshMissingObjects() async -> Set<String>? {
+        guard let owner = core.withLock({ $0.owner }) else { return nil }
         guard
             let reply = try? await connection.call(
                 destination: owner, path: "/", interface: BlueZName.objectManager, method: "GetManagedObjects")
-        else { return }
+        else { return nil }
         var fresh = BlueZObjectTree()
         fresh.load(managedObjects: reply.first ?? .array("a{oa{sa{sv}}}", []))
         let (added, handlers) = core.withLock { core in
@@ -371,12 +373,14 @@ public final class BlueZClient: Sendable {
             }
             return (added, Array(core.subscribers.values))
         }
-        guard !added.isEmpty else { return }
+        let exported = Set(fresh.objects.keys)
+        guard !added.isEmpty else { return exported }
         logger.debug("GetManagedObjects found \(added.count) object(s) the signals had not announced yet")
         let tree = self.tree
         for (path, interfaces) in added {
             for h in handlers { h(.interfacesAdded(path: path, interfaces: interfaces), tree) }
         }
+        return exported
     }
 
     // MARK: adapters

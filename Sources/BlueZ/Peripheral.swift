@@ -485,25 +485,20 @@ public final class BlueZPeripheral: Sendable {
         if !empty && !reexported { return }
         if empty {
             client.logger.debug("device \(label): ServicesResolved but no services in the tree yet; re-reading it")
-            await client.refreshMissingObjects()
         } else {
             client.logger.debug("device \(label): services were removed during the connect; waiting for them all")
         }
-        let path = devicePath
-        let limit = min(deadline.remaining, .seconds(3))
-        _ = await client.wait(timeout: limit) { _, tree in tree.services(ofDevice: path).isEmpty ? nil : true }
-        // The first service is back, so the export has begun: read the tree once more for what was exported but
-        // not yet seen (on a loaded machine our signal handling lags the bus), then wait until no more objects
-        // arrived for a while (bluetoothd exports them one signal each).
-        await client.refreshMissingObjects()
-        let quiet = Duration.milliseconds(300)
-        let end = ContinuousClock.now + limit
-        while ContinuousClock.now < end {
-            let more = await client.wait(timeout: quiet) { event, tree -> Bool? in
-                if case .interfacesAdded(let p, _) = event, tree.devicePath(ofAttribute: p) == path { return true }
-                return nil
-            }
-            if more == nil { break }
+        // Until bluetoothd's own view of the device's GATT objects is the same in two reads 150 ms apart (the
+        // export has ended) and the mirror has them all: signals alone can lag far behind the bus on a loaded
+        // machine, and a quiet period cannot tell a finished export from a slow one.
+        let prefix = devicePath + "/"
+        let end = ContinuousClock.now + min(deadline.remaining, .seconds(3))
+        var previous: Set<String>?
+        while ContinuousClock.now < end, !Task.isCancelled {
+            let exported = await client.refreshMissingObjects().map { $0.filter { $0.hasPrefix(prefix) } }
+            if let exported, !exported.isEmpty, exported == previous { break }
+            previous = exported
+            try? await Task.sleep(for: .milliseconds(150))
         }
     }
 

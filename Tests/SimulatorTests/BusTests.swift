@@ -315,7 +315,12 @@ func demoFixture(_ extra: String = "") async throws -> SimulatorFixture {
                     && SignalRecorder.describe($0).contains("Connected")
             }
         }
-        if order == "after-reply" { try await c.waitResolved(path) }
+        if order == "after-reply" {
+            // The recorder's own connection sees the signal; a Get on another connection may answer before it.
+            try await rec.wait("resolved again") {
+                $0.dropFirst(mark).contains { SignalRecorder.describe($0).contains("ServicesResolved") }
+            }
+        }
         let device = rec.all.filter { $0.path == path && $0.member == "PropertiesChanged" }
         let keys = { (m: DBusMessage) -> Set<String> in
             Set((m.body.count > 1 ? m.body[1].dictionaryEntries ?? [] : []).compactMap(\.key.string))
