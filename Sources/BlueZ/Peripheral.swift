@@ -492,7 +492,9 @@ public final class BlueZPeripheral: Sendable {
         // export has ended) and the mirror has them all: signals alone can lag far behind the bus on a loaded
         // machine, and a quiet period cannot tell a finished export from a slow one.
         let prefix = devicePath + "/"
-        let end = ContinuousClock.now + min(deadline.remaining, .seconds(3))
+        // At most 3 s, and at least 1 s even when the connect's deadline is nearly spent (a loaded machine made the
+        // connect itself slow): a tree known to be incomplete is worse than a connect that ends a little late.
+        let end = ContinuousClock.now + max(min(deadline.remaining, .seconds(3)), .seconds(1))
         var previous: Set<String>?
         while ContinuousClock.now < end, !Task.isCancelled {
             let exported = await client.refreshMissingObjects().map { $0.filter { $0.hasPrefix(prefix) } }
