@@ -97,13 +97,10 @@ final class GatewayCoordination: Sendable {
         switch second {
         case "state":
             let online = json?["state"]?.string == "online"
-            let changed = state.withLock { s -> Bool in
-                let was = s.online.contains(first)
-                if online { s.online.insert(first) } else { s.online.remove(first) }
-                return was != online
-            }
             // An owner going away lets the others claim at the next evaluation (each tick).
-            _ = changed
+            state.withLock { s in
+                if online { s.online.insert(first) } else { s.online.remove(first) }
+            }
             return (true, [])
         case "sightings":
             guard first != me else { return (true, []) }

@@ -29,13 +29,14 @@ def free_port() -> int:
 class Broker:
     """mosquitto on 127.0.0.1:<port>, with persistence so a persistent subscriber session survives a restart."""
 
-    def __init__(self):
+    def __init__(self, extra_config: str = ""):
+        """`extra_config`: more mosquitto.conf lines (a bridge `connection` section, say)."""
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="blebridge-mosq-")
         self.config = pathlib.Path(self.dir) / "mosquitto.conf"
         self.config.write_text(
             f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
-            f"persistence_location {self.dir}/\nmax_queued_messages 100000\n")
+            f"persistence_location {self.dir}/\nmax_queued_messages 100000\n" + extra_config)
         self.proc = None
         self.start()
 

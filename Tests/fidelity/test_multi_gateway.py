@@ -4,7 +4,7 @@ one mosquitto, and paho-mqtt judging from outside."""
 import json
 import time
 
-from bridge_fixtures import BridgeProcess, Judge, broker  # noqa: F401
+from bridge_fixtures import Broker, BridgeProcess, Judge, broker  # noqa: F401
 from sim_fixtures import start_simulator
 
 STRAP = "C0:00:00:00:00:01"
@@ -232,40 +232,10 @@ class Proxy:
         self.server.close()
 
 
-class LocalBroker:
+def local_broker(name, central_port):
     """mosquitto for one gateway, bridged (mosquitto's own `connection` bridging) to the central broker."""
-
-    def __init__(self, name, central_port):
-        import pathlib
-        import shutil
-        import socket
-        import subprocess
-        import tempfile
-        from bridge_fixtures import free_port
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix=f"blebridge-mosq-{name}-")
-        conf = pathlib.Path(self.dir) / "mosquitto.conf"
-        conf.write_text(
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
-            f"connection central-{name}\naddress 127.0.0.1:{central_port}\ntopic blebridge/# both 1\n"
-            "cleansession true\nrestart_timeout 1\nkeepalive_interval 5\n")
-        self.proc = subprocess.Popen([shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError("the local mosquitto did not start")
-
-    def close(self):
-        import shutil
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-        shutil.rmtree(self.dir, ignore_errors=True)
+    return Broker(f"connection central-{name}\naddress 127.0.0.1:{central_port}\ntopic blebridge/# both 1\n"
+                  "cleansession true\nrestart_timeout 1\nkeepalive_interval 5\n")
 
 
 def test_bridged_brokers_a_cut_link_hands_over_and_the_owner_does_not_steal_back(broker):
@@ -273,8 +243,8 @@ def test_bridged_brokers_a_cut_link_hands_over_and_the_owner_does_not_steal_back
     is cut: a's claims stop arriving, its lease lapses and b takes over; when the link is back, a sees b's later claim
     and lets go instead of stealing the device back."""
     proxy = Proxy(broker.port)
-    local_a = LocalBroker("a", proxy.port)
-    local_b = LocalBroker("b", broker.port)
+    local_a = local_broker("a", proxy.port)
+    local_b = local_broker("b", broker.port)
     # a hears it best, but within the hand-over margin: once b has it, only a lapse or the hysteresis moves it.
     sims = {"a": start_simulator(scenario(-70)), "b": start_simulator(scenario(-74))}
     j = Judge(broker.port)

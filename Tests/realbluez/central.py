@@ -23,33 +23,19 @@ on MQTT is fixed. Every wait is bounded; a failure prints "ERROR <step>: <reason
 """
 
 import asyncio
-import errno
 import os
 import sys
-import time
 
 from bumble.core import UUID, AdvertisingData
 from bumble.device import Device, Peer
 from bumble.hci import Address
-from bumble.transport import open_transport
+from user_channel import open_user_channel  # next to this script
 
 LAMP_CHAR = "b1eb4e71-0000-4000-8000-00000000de70"
 
 
 def say(text):
     print(text, flush=True)
-
-
-async def open_user_channel(index):
-    # As in peer.py: a controller can only be taken over while it is down, EBUSY means "not yet".
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            return await open_transport(f"hci-socket:{index}")
-        except OSError as error:
-            if error.errno not in (errno.EBUSY, errno.EALREADY) or time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
 
 
 async def step(name, awaitable, limit):

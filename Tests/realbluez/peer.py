@@ -18,7 +18,6 @@ READY_FILE, which the check runner waits for.
 """
 
 import asyncio
-import errno
 import signal
 import sys
 import time
@@ -27,7 +26,7 @@ from bumble.core import AdvertisingData
 from bumble.device import Device
 from bumble.gatt import Characteristic, CharacteristicValue, Service
 from bumble.hci import Address
-from bumble.transport import open_transport
+from user_channel import open_user_channel  # next to this script
 
 SERVICE = "6e400001-b5a3-f393-e0a9-e50e24dcca9e"
 READ_CHAR = "6e400002-b5a3-f393-e0a9-e50e24dcca9e"  # read: b"hello real bluez"
@@ -38,19 +37,6 @@ INDICATE_CHAR = "6e400005-b5a3-f393-e0a9-e50e24dcca9e"  # indicate: the same cou
 
 def log(text):
     print(f"peer {time.monotonic():.3f}: {text}", flush=True)
-
-
-async def open_user_channel(index):
-    # The kernel sets a fresh controller up and powers it down again on its own; a user channel can only be opened
-    # on a controller that is down, so EBUSY here means "not yet", for a few seconds at most.
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            return await open_transport(f"hci-socket:{index}")
-        except OSError as error:
-            if error.errno not in (errno.EBUSY, errno.EALREADY) or time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
 
 
 async def main():
