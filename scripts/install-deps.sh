@@ -8,8 +8,9 @@ DEBS=(pkg-config libdbus-1-dev dbus-daemon dbus-bin libmosquitto-dev mosquitto m
       systemd dpkg-dev binutils passwd    # deploy tests: systemd-analyze, dpkg-deb/dpkg-shlibdeps, strip, useradd
       bluez-test-scripts python3-dbus python3-gi     # peripheral fidelity test: BlueZ's example-gatt-server etc.
       qemu-system-x86 debootstrap cpio)              # scripts/test-real-bluez.sh: the real-BlueZ VM (TCG) and its image
-# Optional: the deploy tests lint the .deb with lintian when it is there and skip that check otherwise.
-OPTIONAL_DEBS=(lintian)
+# Optional: the deploy tests lint the .deb with lintian when it is there and skip that check otherwise; gdb prints
+# the threads of a bridge that does not stop when a test asks it to (a diagnosis in the failure, never a verdict).
+OPTIONAL_DEBS=(lintian gdb)
 PY=(bleak paho-mqtt pytest)
 
 SUDO=""

@@ -252,6 +252,8 @@ public final class PeripheralService: Sendable {
         } else {
             json = .string(message.text.trimmingSpaces)
         }
+        // Every broadcast value of one message goes into the next advertisement together (never half of them).
+        var broadcastValues: [(String, GATTValue)] = []
         for target in targets {
             var value = json
             if let field = target.source.field {
@@ -296,12 +298,15 @@ public final class PeripheralService: Sendable {
                     fail(target, "value from \(message.topic) not broadcast: \(error)")
                     continue
                 }
-                state.withLock {
-                    $0.broadcastValues[b.field] = v.gattValue
-                    $0.broadcastDirty = true
-                }
-                wake.yield()
+                broadcastValues.append((b.field, v.gattValue))
             }
+        }
+        if !broadcastValues.isEmpty {
+            state.withLock {
+                for (field, value) in broadcastValues { $0.broadcastValues[field] = value }
+                $0.broadcastDirty = true
+            }
+            wake.yield()
         }
         return true
     }

@@ -62,20 +62,17 @@ struct Daemon {
         let notifier = SystemdNotifier()
         let runTask = Task { await bridge.run() }
         let queue = DispatchQueue(label: "blebridge.daemon")
-        var sources = stopOnSignals(runTask, notifier: notifier, queue: queue)
-        signal(SIGHUP, SIG_IGN)
-        let hup = DispatchSource.makeSignalSource(signal: SIGHUP, queue: queue)
+        var sources = stopOnSignals(runTask, notifier: notifier)
         let log = logger.labelled(component: "bridge")
-        hup.setEventHandler {
-            Task {
-                notifier.send("RELOADING=1\nMONOTONIC_USEC=\(monotonicMicroseconds())")
-                log.info("SIGHUP: reloading \(path)")
-                _ = await bridge.reloadFromSource()
-                notifier.send("READY=1\nSTATUS=\(bridge.status.text)")
-            }
-        }
-        hup.resume()
-        sources.append(hup)
+        sources.append(
+            ProcessSignals.on(SIGHUP) { _ in
+                Task {
+                    notifier.send("RELOADING=1\nMONOTONIC_USEC=\(monotonicMicroseconds())")
+                    log.info("SIGHUP: reloading \(path)")
+                    _ = await bridge.reloadFromSource()
+                    notifier.send("READY=1\nSTATUS=\(bridge.status.text)")
+                }
+            })
         // READY, STATUS and the watchdog from a timer of their own: a stalled main loop stops the pings.
         let timer = DispatchSource.makeTimerSource(queue: queue)
         // A quarter of a second: pings land within that of their due time, and READY/STATUS follow changes quickly.
@@ -214,7 +211,7 @@ struct ServeDaemon {
         let notifier = SystemdNotifier()
         let runTask = Task { await runner.run() }
         let queue = DispatchQueue(label: "blebridge.serve")
-        let sources = stopOnSignals(runTask, notifier: notifier, queue: queue)
+        let sources = stopOnSignals(runTask, notifier: notifier)
         notifier.send("READY=1\nSTATUS=serving")
         // The service manager's watchdog (WatchdogSec= in the unit): a ping every half interval while serving.
         let timer = DispatchSource.makeTimerSource(queue: queue)
@@ -300,21 +297,13 @@ func startParts(
 }
 
 /// SIGINT and SIGTERM cancel `task` (a clean stop, `STOPPING=1` to systemd); a second one ends the process at once.
-func stopOnSignals(_ task: Task<Void, Never>, notifier: SystemdNotifier, queue: DispatchQueue)
-    -> [any DispatchSourceSignal]
-{
-    var sources: [any DispatchSourceSignal] = []
-    for sig in [SIGINT, SIGTERM] {
-        signal(sig, SIG_IGN)
-        let source = DispatchSource.makeSignalSource(signal: sig, queue: queue)
-        source.setEventHandler {
+func stopOnSignals(_ task: Task<Void, Never>, notifier: SystemdNotifier) -> [ProcessSignals.Token] {
+    [SIGINT, SIGTERM].map { sig in
+        ProcessSignals.on(sig) { sig in
             // The first signal asks for a clean stop; a second one (the operator insisting) ends the process now.
             if task.isCancelled { exit(128 + sig) }
             notifier.send("STOPPING=1\nSTATUS=stopping")
             task.cancel()
         }
-        source.resume()
-        sources.append(source)
     }
-    return sources
 }

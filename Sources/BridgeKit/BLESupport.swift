@@ -386,20 +386,14 @@ public func runBLE(_ name: String, _ body: () async throws(BLEFailure) -> Int32)
 /// exits instead of dying with the BLE connection still up.
 public func cancellingOnInterrupt<T: Sendable>(_ body: @escaping @Sendable () async -> T) async -> T {
     let task = Task { await body() }
-    let queue = DispatchQueue(label: "blebridge.signals")
-    var sources: [any DispatchSourceSignal] = []
-    for sig in [SIGINT, SIGTERM] {
-        signal(sig, SIG_IGN)
-        let source = DispatchSource.makeSignalSource(signal: sig, queue: queue)
-        source.setEventHandler {
+    let tokens = [SIGINT, SIGTERM].map { sig in
+        ProcessSignals.on(sig) { sig in
             // The first signal asks for a clean stop; a second one (the operator insisting) ends the process now.
             if task.isCancelled { exit(128 + sig) }
             task.cancel()
         }
-        source.resume()
-        sources.append(source)
     }
     let result = await task.value
-    for source in sources { source.cancel() }
+    for token in tokens { token.cancel() }
     return result
 }

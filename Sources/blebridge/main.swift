@@ -9,6 +9,10 @@ import MQTT
     import Glibc
 #endif
 
+// SIGINT, SIGTERM and SIGHUP are blocked here, before any thread starts, and taken by one sigwait thread (see
+// Signals.swift for why not a dispatch source).
+ProcessSignals.install()
+
 // libmosquitto writes to its socket with plain write(2) (TLS writes in every version): a broker that drops the
 // connection mid-write must not kill the process with SIGPIPE.
 MQTTProcess.ignoreBrokenPipe()

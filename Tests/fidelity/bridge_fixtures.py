@@ -146,6 +146,20 @@ class Judge:
         self.client.disconnect()
 
 
+def thread_stacks(pid: int) -> str:
+    """Every thread's stack of a process that hangs (gdb when installed), for the failure message."""
+    gdb = shutil.which("gdb")
+    if not gdb:
+        return "(gdb not installed: no stacks)"
+    try:
+        out = subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "set pagination off",
+                              "-ex", "thread apply all bt 25"], capture_output=True, text=True, timeout=60).stdout
+    except subprocess.TimeoutExpired:
+        return "(gdb timed out)"
+    lines = [l for l in out.splitlines() if l.startswith(("Thread ", "#"))]
+    return "\n".join(lines)[-12000:]
+
+
 class BridgeProcess:
     """`blebridge run --config FILE` on the simulator's bus."""
 
@@ -168,9 +182,11 @@ class BridgeProcess:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                stacks = thread_stacks(self.proc.pid)
                 self.proc.kill()
                 self.proc.wait()
-                raise AssertionError(f"blebridge did not stop within {timeout} s; log:\n{self.log()[-3000:]}")
+                raise AssertionError(f"blebridge did not stop within {timeout} s; log:\n{self.log()[-3000:]}"
+                                     f"\nthreads:\n{stacks}")
         return self.proc.returncode
 
     def close(self):

@@ -352,6 +352,45 @@ def test_sigterm_shuts_down_in_order(rig):
     assert counters["devices_connected"] == 0, f"every device was disconnected on purpose; log:\n{bridge.log()}"
 
 
+def _threads_taking(pid: int, sig: int):
+    """The threads of `pid` that do not block `sig` (those the kernel may hand a process-wide signal to)."""
+    import glob
+    tids = []
+    for status in glob.glob(f"/proc/{pid}/task/*/status"):
+        fields = dict(line.split(":\t", 1) for line in open(status).read().splitlines() if ":\t" in line)
+        if not int(fields["SigBlk"], 16) & (1 << (sig - 1)):
+            tids.append(int(status.split("/")[4]))
+    return tids
+
+
+def _tgkill(pid: int, tid: int, sig: int):
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(234, pid, tid, sig) == 0, ctypes.get_errno()  # SYS_tgkill on x86_64
+
+
+def test_a_signal_taken_by_any_thread_reaches_the_bridge(rig):
+    """The kernel hands SIGHUP or SIGTERM to any thread that does not block it; whichever it is, the bridge acts on
+    it (a reload, a clean stop), so a stop asked by systemd is never lost."""
+    import signal as sig
+    bridge = rig.bridge()
+    j = rig.judge
+    j.wait_json("blebridge/chest_strap/availability", online("online"))
+    takers = _threads_taking(bridge.proc.pid, sig.SIGHUP)
+    assert bridge.proc.pid in takers, "the main thread takes signals (the runtime unblocks it)"
+    for n, tid in enumerate(takers, 1):
+        _tgkill(bridge.proc.pid, tid, sig.SIGHUP)
+        deadline = time.monotonic() + 10
+        while bridge.log().count("SIGHUP: reloading") < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert bridge.log().count("SIGHUP: reloading") == n, f"SIGHUP to thread {tid} was lost; log:\n{bridge.log()}"
+    start = time.monotonic()
+    _tgkill(bridge.proc.pid, bridge.proc.pid, sig.SIGTERM)
+    bridge.proc.wait(10)
+    assert bridge.proc.returncode == 0, bridge.log()
+    j.wait_json("blebridge/bridge/state", online("offline"), after=start)
+
+
 def test_bridge_killed_leaves_its_will(rig):
     bridge = rig.bridge()
     j = rig.judge
