@@ -8,7 +8,7 @@
 //   -> GATT (pure Swift parsers, no C, no I/O); GATTCrypto (AES-CCM from libcrypto, injected into GATT)
 //   -> YAML (libyaml -> a plain value tree with key paths)
 //   -> MetricsHTTP (a metrics HTTP endpoint over libmicrohttpd and a Prometheus text writer; knows nothing of BLE)
-//   Logging (one logger for every layer) sits below all of them.
+//   Logging (one logger for every layer) and Signals (SIGINT/SIGTERM/SIGHUP for a process) sit below all of them.
 //   -> BlueZSimulator (a bluetoothd look-alike over DBus)
 //   -> BridgeKit (what the tools and the daemon share: arguments, exit codes, finding devices, decoding, JSON)
 //   -> BridgeCore (the bridge's policy: config, device sessions, topics, commands, discovery; no BlueZ, no MQTT,
@@ -35,6 +35,7 @@ let package = Package(
 
         // Swift layers.
         .target(name: "Logging"),
+        .target(name: "Signals"),
         .target(name: "DBus", dependencies: ["CDBus"]),
         .target(name: "BlueZ", dependencies: ["DBus", "Logging"]),
         .target(name: "MQTT", dependencies: ["CMosquitto", "Logging"]),
@@ -42,17 +43,18 @@ let package = Package(
         .target(name: "GATTCrypto", dependencies: ["GATT", "CCrypto"]),
         .target(name: "YAML", dependencies: ["CYAML"]),
         .target(name: "MetricsHTTP", dependencies: ["CMicroHTTPD", "Logging"]),
-        .target(name: "BlueZSimulator", dependencies: ["DBus", "YAML"]),
-        .target(name: "BridgeKit", dependencies: ["BlueZ", "GATT", "GATTCrypto", "Logging"]),
+        .target(name: "BlueZSimulator", dependencies: ["DBus", "YAML", "Signals"]),
+        .target(name: "BridgeKit", dependencies: ["BlueZ", "GATT", "GATTCrypto", "Logging", "Signals"]),
         .target(name: "BridgeCore", dependencies: ["GATT", "YAML", "Logging"]),
         .target(name: "BridgeAdapters", dependencies: ["BridgeCore", "BridgeKit", "BlueZ", "MQTT", "GATT", "Logging"]),
         .target(name: "BridgeTools", dependencies: ["BridgeKit", "BlueZ", "GATT", "GATTCrypto"]),
         .target(
             name: "BridgeDaemon",
-            dependencies: ["BridgeAdapters", "BridgeCore", "BridgeKit", "GATTCrypto", "Logging", "MetricsHTTP"]),
+            dependencies: ["BridgeAdapters", "BridgeCore", "BridgeKit", "GATTCrypto", "Logging", "MetricsHTTP", "Signals"]),
 
         // Executables: wiring only.
-        .executableTarget(name: "blebridge", dependencies: ["BridgeTools", "BridgeDaemon", "BridgeKit", "BridgeCore", "MQTT"]),
+        .executableTarget(
+            name: "blebridge", dependencies: ["BridgeTools", "BridgeDaemon", "BridgeKit", "BridgeCore", "MQTT", "Signals"]),
         .executableTarget(name: "bluez-sim", dependencies: ["BlueZSimulator", "DBus"]),
         .executableTarget(name: "bench-gatt", dependencies: ["GATT", "GATTCrypto"]),
         .executableTarget(name: "bench-mqtt", dependencies: ["MQTT"]),

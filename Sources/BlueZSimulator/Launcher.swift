@@ -1,6 +1,7 @@
 // Process-level helpers for the bluez-sim executable: reading the scenario file and spawning a private dbus-daemon
 // with posix_spawn (no Foundation).
 import DBus
+import Signals
 import Dispatch
 
 #if canImport(Glibc)
@@ -156,17 +157,9 @@ public final class SpawnedBus: @unchecked Sendable {
     deinit { stop() }
 }
 
-/// Runs `body` (on a private queue) when SIGTERM or SIGINT arrives; the signals are ignored otherwise.
-/// Keep the returned sources alive for as long as the handler should stay installed.
-public func onTerminationSignals(_ body: @escaping @Sendable () -> Void) -> [any DispatchSourceSignal] {
-    signal(SIGTERM, SIG_IGN)
-    signal(SIGINT, SIG_IGN)
+/// Runs `body` (on the signal thread) when SIGTERM or SIGINT arrives. Keep the returned tokens for as long as the
+/// handler should stay installed.
+public func onTerminationSignals(_ body: @escaping @Sendable () -> Void) -> [ProcessSignals.Token] {
     signal(SIGPIPE, SIG_IGN)
-    let queue = DispatchQueue(label: "bluez-sim.signals")
-    return [SIGTERM, SIGINT].map { sig in
-        let source = DispatchSource.makeSignalSource(signal: sig, queue: queue)
-        source.setEventHandler(handler: body)
-        source.resume()
-        return source
-    }
+    return [SIGTERM, SIGINT].map { sig in ProcessSignals.on(sig) { _ in body() } }
 }

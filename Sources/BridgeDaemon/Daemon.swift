@@ -8,6 +8,7 @@ import Dispatch
 import GATTCrypto
 import Logging
 import MetricsHTTP
+import Signals
 
 #if canImport(Glibc)
     import Glibc

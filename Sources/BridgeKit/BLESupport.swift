@@ -4,6 +4,7 @@ import BlueZ
 import Dispatch
 import GATT
 import Logging
+import Signals
 
 #if canImport(Glibc)
     import Glibc

@@ -4,13 +4,14 @@ import BridgeDaemon
 import BridgeKit
 import BridgeTools
 import MQTT
+import Signals
 
 #if canImport(Glibc)
     import Glibc
 #endif
 
 // SIGINT, SIGTERM and SIGHUP are blocked here, before any thread starts, and taken by one sigwait thread (see
-// Signals.swift for why not a dispatch source).
+// Sources/Signals for why not a dispatch source).
 ProcessSignals.install()
 
 // libmosquitto writes to its socket with plain write(2) (TLS writes in every version): a broker that drops the

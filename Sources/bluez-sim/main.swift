@@ -1,10 +1,14 @@
 // bluez-sim: serves a simulated bluetoothd (org.bluez) on the system bus, or on a private bus it spawns.
 import BlueZSimulator
 import DBus
+import Signals
 
 #if canImport(Glibc)
     import Glibc
 #endif
+
+// SIGTERM and SIGINT are taken by one thread from the start (see Sources/Signals).
+ProcessSignals.install()
 
 let usage = """
     usage: bluez-sim --scenario FILE [--spawn-bus] [--verbose]
