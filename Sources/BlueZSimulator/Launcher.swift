@@ -1,8 +1,8 @@
 // Process-level helpers for the bluez-sim executable: reading the scenario file and spawning a private dbus-daemon
 // with posix_spawn (no Foundation).
 import DBus
-import Signals
 import Dispatch
+import Signals
 
 #if canImport(Glibc)
     import Glibc

@@ -23,6 +23,8 @@ public final class Bridge: Sendable {
     public let peripheral: PeripheralService?
     /// Multi-gateway mode's coordination (nil: a single gateway).
     let coordination: GatewayCoordination?
+    /// Multi-gateway mode: what has been published for passive devices lately (nil: a single gateway).
+    let passiveReadings: PassiveReadings?
 
     struct EngineState {
         var config: BridgeConfig
@@ -56,6 +58,8 @@ public final class Bridge: Sendable {
         public var decodeErrors = 0
         /// State messages published.
         public var statePublishes = 0
+        /// Multi-gateway mode: passive readings another gateway had published already (not published again).
+        public var duplicatesSuppressed = 0
         /// Commands handled.
         public var commands = 0
         /// Reconnects by error name.
@@ -92,6 +96,7 @@ public final class Bridge: Sendable {
         engine = Mutex(state)
         started = clock.now
         coordination = config.gateway.map { GatewayCoordination(settings: $0, topics: topics) }
+        passiveReadings = config.gateway.map { PassiveReadings(window: $0.dedupWindow, delay: $0.passiveDelay) }
         if let p = config.peripheral, let peripheralHost {
             let box = WeakBridge()
             let mqtt = mqtt
@@ -394,7 +399,9 @@ public final class Bridge: Sendable {
         }
         guard let r = resolveDevice(for: adv) else { return }
         let c = r.config
-        if let g = coordination, c.mode != .passive, let rssi = adv.rssi { g.heard(r.id, rssi: rssi, wall: wall) }
+        if let g = coordination, let rssi = adv.rssi {
+            g.heard(r.id, rssi: rssi, wall: wall, passive: c.mode == .passive)
+        }
         var appeared = false
         let (changed, wasOnline) = r.data.withLock { d -> ([(AdvertisementSource, [UInt8])], Bool?) in
             if d.address == nil { d.address = adv.address }
@@ -431,6 +438,11 @@ public final class Bridge: Sendable {
             logger.info(
                 "appeared: \(adv.address)\(adv.name.map { " \"\($0)\"" } ?? "") on \(adv.adapter)", ["device": r.id])
             publishEvent("appeared", r)
+            if coordination != nil, c.mode == .passive, c.index < 0 {
+                // An auto device: what the other gateways publish for it, as for configured ones (subscribeCommands).
+                let topic = topics.state(r.id)
+                Task { try? await self.mqtt.subscribe(topic) }
+            }
         }
         // Advertisement data is decoded for every device: passive ones live on it, others may carry a battery level.
         var decodedAny = false
@@ -441,10 +453,14 @@ public final class Bridge: Sendable {
                 mac: adv.address.text, bindKey: c.bindKey, localName: adv.name, cipher: advertisementCipher)
             do {
                 let reading = try registry.decode(source, payload, context: context)
+                engine.withLock { $0.counters.decoded += 1 }
+                if let passiveReadings, let g = coordination, c.mode == .passive {
+                    offerPassive(r, reading, fields: parser.fields, readings: passiveReadings, coordination: g)
+                    continue
+                }
                 r.merge(reading, now: now, wall: wall)
                 noteAdvertisementFields(r, parser.fields, reading)
                 decodedAny = true
-                engine.withLock { $0.counters.decoded += 1 }
             } catch {
                 engine.withLock { $0.counters.decodeErrors += 1 }
                 reportError(
@@ -465,6 +481,48 @@ public final class Bridge: Sendable {
                 d.session == .backingOff && (d.lastFailure == .notFound || d.lastFailure == .adapterUnavailable)
             }
             if wake { r.wakeSession() }
+        }
+    }
+
+    /// Multi-gateway mode: a passive reading is published unless a gateway published it already; the k-th best
+    /// hearing gateway waits k × `passive_delay` first (docs/MULTI-GATEWAY.md#passive-devices).
+    func offerPassive(
+        _ r: DeviceRecord, _ reading: GATTReading, fields: [GATTFieldDescriptor], readings: PassiveReadings,
+        coordination g: GatewayCoordination
+    ) {
+        let wall = clock.wallClock
+        if readings.isDuplicate(r.id, reading, wall: wall) {
+            takePassive(r, reading, fields: fields, publish: false)
+            return
+        }
+        let rank = g.passiveRank(r.id, wall: wall)
+        if rank == 0 {
+            readings.notePublished(r.id, reading, wall: wall)
+            takePassive(r, reading, fields: fields, publish: true)
+            return
+        }
+        let delay = Duration.milliseconds(Int64(Double(rank) * readings.delay * 1000))
+        Task {
+            do { try await self.clock.sleep(until: self.clock.now + delay) } catch { return }
+            let wall = self.clock.wallClock
+            let duplicate = readings.isDuplicate(r.id, reading, wall: wall)
+            if !duplicate { readings.notePublished(r.id, reading, wall: wall) }
+            self.takePassive(r, reading, fields: fields, publish: !duplicate)
+        }
+    }
+
+    /// Merges a passive reading into the state; publishes it, or counts it as another gateway's duplicate.
+    func takePassive(_ r: DeviceRecord, _ reading: GATTReading, fields: [GATTFieldDescriptor], publish: Bool) {
+        r.merge(reading, now: clock.now, wall: clock.wallClock)
+        noteAdvertisementFields(r, fields, reading)
+        if publish {
+            if let g = coordination {
+                let byGateway = g.rssiByGateway(r.id, wall: clock.wallClock)
+                r.data.withLock { $0.rssiByGateway = byGateway }
+            }
+            requestStatePublish(r)
+        } else {
+            engine.withLock { $0.counters.duplicatesSuppressed += 1 }
         }
     }
 
@@ -564,17 +622,26 @@ public final class Bridge: Sendable {
         engine.withLock { $0.heartbeat = ContinuousClock.now }
         let c = config
         if let g = coordination {
-            let served = records.filter { $0.config.mode != .passive }.map { r in
+            let all = records
+            let served = all.filter { $0.config.mode != .passive }.map { r in
                 (id: r.id, linkUp: r.data.withLock { $0.session != .backingOff })
             }
-            apply(g.evaluate(served, wall: clock.wallClock))
+            let passive = all.filter { $0.config.mode == .passive }.map(\.id)
+            apply(g.evaluate(served, passive: passive, wall: clock.wallClock))
         }
         for r in records {
             let (mode, online, lastAdvert, interval) = r.data.withLock { d in
                 (r.config.mode, d.online, d.lastAdvert, d.advertInterval)
             }
             if mode == .passive || mode == .onDemand, online == true, let lastAdvert {
-                if now - lastAdvert > passiveTimeout(r.config, interval: interval, settings: c.availability) {
+                let timeout = passiveTimeout(r.config, interval: interval, settings: c.availability)
+                // Several gateways: offline only when none hears it (their sightings come every 10 s).
+                if mode == .passive, let g = coordination,
+                    g.othersHear(r.id, within: timeout.seconds + 12, wall: clock.wallClock)
+                {
+                    continue
+                }
+                if now - lastAdvert > timeout {
                     logger.info(
                         "no advertisement for \(Int((now - lastAdvert).seconds)) s: offline", ["device": r.id])
                     setAvailability(r, online: false)

@@ -70,7 +70,13 @@ extension Bridge {
             filters.append("\(ha.prefix)/device/+/config")
         }
         filters += peripheral?.sourceTopics ?? []
-        if coordination != nil { filters += topics.coordinationSubscriptions }
+        if coordination != nil {
+            filters += topics.coordinationSubscriptions
+            // Passive devices: what the gateways publish for them (one reading once), and their availability (one
+            // that still hears a device answers a gateway that called it offline).
+            filters.append(topics.availability("+"))
+            filters += records.filter { $0.config.mode == .passive }.map { topics.state($0.id) }
+        }
         for filter in filters {
             do {
                 try await mqtt.subscribe(filter)
@@ -79,6 +85,36 @@ extension Bridge {
             }
         }
         coordination?.subscribed()
+    }
+
+    /// Multi-gateway mode: a passive device's state (remembered, so a reading is published once) or availability
+    /// (an `offline` from a gateway that stopped hearing it, while this one still does, is answered `online`).
+    func handlePassiveMessage(_ message: BridgeIncomingMessage) -> Bool {
+        let prefix = topics.base + "/"
+        guard message.topic.hasPrefix(prefix) else { return false }
+        let rest = message.topic.dropFirst(prefix.count).split(separator: "/", omittingEmptySubsequences: false)
+        guard rest.count == 1 || (rest.count == 2 && rest[1] == "availability"),
+            let r = record(String(rest[0])), r.config.mode == .passive
+        else { return false }
+        if rest.count == 1 {
+            passiveReadings?.noteState(r.id, message.payload, wall: clock.wallClock)
+            return true
+        }
+        let said = (try? JSONReader.parse(message.payload))?["state"]?.string ?? message.text
+        guard said == "offline" else { return true }
+        let now = clock.now
+        let hearing = r.data.withLock { d -> Bool in
+            guard d.online == true, let last = d.lastAdvert else { return false }
+            return now - last <= passiveTimeout(r.config, interval: d.advertInterval, settings: config.availability)
+        }
+        if hearing {
+            logger.info("another gateway called it offline; this one still hears it", ["device": r.id])
+            setAvailability(r, online: true, force: true)
+        } else {
+            // Offline is what everyone agrees on now; this gateway publishes online again when it hears it.
+            r.data.withLock { if $0.online == true { $0.online = false } }
+        }
+        return true
     }
 
     /// `messages` is taken before the first subscribe (`incoming()` only gives what arrives from then on), so the
@@ -97,6 +133,7 @@ extension Bridge {
             apply(effects)
             if handled { return }
         }
+        if passiveReadings != nil, handlePassiveMessage(message) { return }
         if let peripheral, peripheral.handle(message) { return }
         if c.homeAssistant.enabled, message.topic == c.homeAssistant.statusTopic {
             if message.text == "online" {

@@ -262,6 +262,10 @@ public struct GatewaySettings: Sendable, Equatable {
     public var id: String
     /// Lease, hand-over margin and time, link-lost grace.
     public var ownership = OwnershipSettings()
+    /// Passive devices: the k-th best-hearing gateway waits k × this (seconds) before it publishes a reading.
+    public var passiveDelay: Double = 0.3
+    /// Passive devices without a counter: the same fields within this many seconds are one reading.
+    public var dedupWindow: Double = 2
 
     /// Settings for gateway `id`.
     public init(id: String) { self.id = id }
@@ -384,7 +388,9 @@ extension BridgeConfig {
     ]
 
     static func loadGateway(_ g: ConfigNode) -> GatewaySettings? {
-        guard g.expectMapping(allowed: ["id", "lease", "handover_margin", "handover_after", "link_lost_grace"]) else {
+        guard g.expectMapping(allowed: [
+                "id", "lease", "handover_margin", "handover_after", "link_lost_grace", "passive_delay", "dedup_window",
+            ]) else {
             g.fail("must be a mapping (gateway: {id: attic})")
             return nil
         }
@@ -405,6 +411,8 @@ extension BridgeConfig {
         if let v = g["handover_margin"]?.number(0...100) { settings.ownership.handoverMargin = v }
         if let v = g["handover_after"]?.number(0...86400) { settings.ownership.handoverAfter = v }
         if let v = g["link_lost_grace"]?.number(0...86400) { settings.ownership.linkLostGrace = v }
+        if let v = g["passive_delay"]?.number(0...10) { settings.passiveDelay = v }
+        if let v = g["dedup_window"]?.number(0...600) { settings.dedupWindow = v }
         return settings
     }
 

@@ -34,6 +34,8 @@ struct DeviceData {
     var fields: [(String, JSONValue)] = []
     var rssi: Int?
     var rssiByAdapter: [String: (rssi: Int, at: Duration)] = [:]
+    /// Multi-gateway mode, passive devices: each gateway's smoothed RSSI, best first (`rssi_by_gateway`).
+    var rssiByGateway: [(String, Double)] = []
     var lastSeenWall: Double?
     var lastSeen: Duration?
     var lastAdvert: Duration?
@@ -101,7 +103,8 @@ final class DeviceRecord: Sendable {
         }
     }
 
-    /// The JSON state: the merged fields, then `rssi` and `last_seen`.
+    /// The JSON state: the merged fields, then `rssi`, `rssi_by_gateway` (several gateways, passive devices) and
+    /// `last_seen`.
     func stateJSON() -> [UInt8] {
         // Written straight into one buffer: the same text as JSONValue.object(fields + rssi + last_seen).bytes,
         // without copying the fields or building the timestamp as a string first.
@@ -122,6 +125,12 @@ final class DeviceRecord: Sendable {
                 first = false
                 out.append(contentsOf: "\"rssi\":".utf8)
                 appendDecimal(Int64(rssi), to: &out)
+            }
+            if !d.rssiByGateway.isEmpty {
+                if !first { out.append(UInt8(ascii: ",")) }
+                first = false
+                out.append(contentsOf: "\"rssi_by_gateway\":".utf8)
+                JSONValue.object(d.rssiByGateway.map { ($0.0, .double($0.1)) }).appendCompact(to: &out)
             }
             if let wall = d.lastSeenWall {
                 if !first { out.append(UInt8(ascii: ",")) }

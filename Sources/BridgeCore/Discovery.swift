@@ -150,6 +150,7 @@ public enum EffectiveConfig {
                         ("handover_margin", .double(g.ownership.handoverMargin)),
                         ("handover_after", .double(g.ownership.handoverAfter)),
                         ("link_lost_grace", .double(g.ownership.linkLostGrace)),
+                        ("passive_delay", .double(g.passiveDelay)), ("dedup_window", .double(g.dedupWindow)),
                     ])
                 } ?? .null
             ),

@@ -37,6 +37,8 @@ final class GatewayCoordination: Sendable {
         /// We claimed or gave the device up in this run: a retained claim naming us is then a stale echo, not
         /// ours from before a restart.
         var touched = false
+        /// A passive device: no claims; heard when it last advertised.
+        var passive = false
     }
 
     struct State {
@@ -59,9 +61,10 @@ final class GatewayCoordination: Sendable {
     // MARK: What this gateway hears
 
     /// An advertisement of `device` at `rssi` dBm.
-    func heard(_ device: String, rssi: Int, wall: Double) {
+    func heard(_ device: String, rssi: Int, wall: Double, passive: Bool = false) {
         state.withLock { s in
             var d = s.devices[device, default: DeviceState()]
+            d.passive = passive
             if d.smoothed.value == nil { d.smoothed.add(Double(rssi)) }
             d.lastRSSI = Double(rssi)
             d.heardAt = wall
@@ -165,12 +168,58 @@ final class GatewayCoordination: Sendable {
         }
     }
 
-    /// One round for the non-passive devices (`linkUp`: this gateway's link to it is up or being made) and the
-    /// sightings message when due.
-    func evaluate(_ devices: [(id: String, linkUp: Bool)], wall: Double) -> [GatewayEffect] {
+    /// How many gateways hear passive `device` better than this one (0: this one publishes its readings at once).
+    /// Equal RSSI: the smaller gateway id is better.
+    func passiveRank(_ device: String, wall: Double) -> Int {
+        state.withLock { s in
+            guard let d = s.devices[device] else { return 0 }
+            let online = s.online
+            let mine = d.heardAt != nil ? d.smoothed.value : nil
+            return d.sightings.values.filter { o in
+                guard online.contains(o.gateway), wall - o.at <= Self.passiveFresh else { return false }
+                guard let mine else { return true }
+                return o.rssi > mine || (o.rssi == mine && o.gateway < me)
+            }.count
+        }
+    }
+
+    /// A passive device's sighting counts for ranking while this recent (seconds).
+    static let passiveFresh: Double = 30
+
+    /// Whether another online gateway heard `device` within `seconds` (its sightings say when it last did).
+    func othersHear(_ device: String, within seconds: Double, wall: Double) -> Bool {
+        state.withLock { s in
+            guard let d = s.devices[device] else { return false }
+            return d.sightings.values.contains { s.online.contains($0.gateway) && wall - $0.at <= seconds }
+        }
+    }
+
+    /// Each gateway's smoothed RSSI for `device` (this one's included), best first.
+    func rssiByGateway(_ device: String, wall: Double) -> [(String, Double)] {
+        state.withLock { s in
+            guard let d = s.devices[device] else { return [] }
+            var out = d.sightings.values.filter { s.online.contains($0.gateway) && wall - $0.at <= Self.passiveFresh }
+                .map { ($0.gateway, $0.rssi) }
+            if let at = d.heardAt, wall - at <= Self.passiveFresh, let mine = d.smoothed.value {
+                out.append((me, mine))
+            }
+            return out.map { ($0.0, ($0.1 * 10).rounded() / 10) }
+                .sorted { $0.1 > $1.1 || ($0.1 == $1.1 && $0.0 < $1.0) }
+        }
+    }
+
+    /// One round for the non-passive devices (`linkUp`: this gateway's link to it is up or being made), the
+    /// smoothing of the passive ones, and the sightings message when due.
+    func evaluate(_ devices: [(id: String, linkUp: Bool)], passive: [String] = [], wall: Double) -> [GatewayEffect] {
         state.withLock { s -> [GatewayEffect] in
             var effects: [GatewayEffect] = []
             guard s.subscribed else { return [] }
+            for id in passive {
+                guard var d = s.devices[id] else { continue }
+                // Heard when it last advertised (BlueZ signals each advertisement whose data changed).
+                if let rssi = d.lastRSSI, let at = d.heardAt, wall - at <= Self.passiveFresh { d.smoothed.add(rssi) }
+                s.devices[id] = d
+            }
             let online = s.online.union([me])
             for (id, linkUp) in devices {
                 var d = s.devices[id, default: DeviceState()]
@@ -253,7 +302,12 @@ final class GatewayCoordination: Sendable {
                 continue
             }
             fresh.append((id, rssi, at))
-            if abs((s.publishedRSSI[id] ?? -1000) - rssi) >= 3 { moved = true }
+            // A passive device's RSSI moving does not hurry the message (there may be hundreds), its first does.
+            if let published = s.publishedRSSI[id] {
+                if !d.passive, abs(published - rssi) >= 3 { moved = true }
+            } else {
+                moved = true
+            }
         }
         let since = wall - s.lastSightings
         guard since >= 10 || (moved && since >= 1) else { return [] }

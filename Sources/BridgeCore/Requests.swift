@@ -264,6 +264,8 @@ extension Bridge {
         let (mqttUp, bluez, adapters, counters) = engine.withLock {
             ($0.mqttConnected, $0.bluetoothdRunning, $0.adapters, $0.counters)
         }
+        let duplicates: [(String, JSONValue)] =
+            coordination == nil ? [] : [("duplicates_suppressed", .int(Int64(counters.duplicatesSuppressed)))]
         let healthy = mqttUp && bluez && !adapters.isEmpty
         let stats = mqtt.statistics
         return [
@@ -317,16 +319,20 @@ extension Bridge {
             ),
             (
                 "counters",
-                .object([
-                    ("notifications", .int(Int64(counters.notifications))),
-                    ("advertisements", .int(Int64(counters.advertisements))),
-                    ("decoded", .int(Int64(counters.decoded))), ("decode_errors", .int(Int64(counters.decodeErrors))),
-                    ("state_publishes", .int(Int64(counters.statePublishes))),
-                    (
-                        "reconnects",
-                        .object(counters.reconnects.sorted { $0.key < $1.key }.map { ($0.key, .int(Int64($0.value))) })
-                    ),
-                ])
+                .object(
+                    [
+                        ("notifications", .int(Int64(counters.notifications))),
+                        ("advertisements", .int(Int64(counters.advertisements))),
+                        ("decoded", .int(Int64(counters.decoded))),
+                        ("decode_errors", .int(Int64(counters.decodeErrors))),
+                        ("state_publishes", .int(Int64(counters.statePublishes))),
+                    ] + duplicates + [
+                        (
+                            "reconnects",
+                            .object(
+                                counters.reconnects.sorted { $0.key < $1.key }.map { ($0.key, .int(Int64($0.value))) })
+                        )
+                    ])
             ),
         ] + (peripheral.map { [("peripheral", $0.healthJSON)] } ?? [])
     }

@@ -23,6 +23,9 @@ func metricsText(_ bridge: Bridge) -> PrometheusText {
     counter("blebridge_values_decoded_total", "Values decoded by a parser.", c.decoded)
     counter("blebridge_decode_errors_total", "Values a parser rejected.", c.decodeErrors)
     counter("blebridge_state_publishes_total", "Device state messages published.", c.statePublishes)
+    counter(
+        "blebridge_passive_duplicates_suppressed_total",
+        "Several gateways: passive readings another gateway had published already.", c.duplicatesSuppressed)
     counter("blebridge_commands_total", "Commands received (/set, /get, bridge requests).", c.commands)
     counter("blebridge_mqtt_published_total", "MQTT messages handed to the broker connection.", mqtt.published)
     counter("blebridge_mqtt_received_total", "MQTT messages received.", mqtt.received)

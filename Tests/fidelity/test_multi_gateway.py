@@ -8,6 +8,16 @@ from bridge_fixtures import Broker, BridgeProcess, Judge, broker  # noqa: F401
 from sim_fixtures import start_simulator
 
 STRAP = "C0:00:00:00:00:01"
+THERMO = "A4:C1:38:00:00:01"
+
+
+def bthome_sequence(n=200):
+    """BTHome v2 packets 0..n-1 (packet id, temperature 20.00 + id/100 °C), one every 0.5 s."""
+    out = []
+    for i in range(n):
+        t = 2000 + i
+        out.append(f"40 00 {i:02X} 02 {t & 0xFF:02X} {t >> 8:02X}")
+    return "[" + ", ".join(f'"{p}"' for p in out) + "]"
 
 
 def scenario(rssi):
@@ -23,6 +33,13 @@ peripherals:
       - uuid: "180D"
         characteristics:
           - {{uuid: "2A37", flags: [notify], notify: {{rate: 2, sequence: ["00 41", "00 42"]}}}}
+  - address: "{THERMO}"
+    name: "BTHome thermo"
+    rssi: {rssi}
+    connectable: false
+    advertising_interval: 0.2
+    service_data:
+      - {{uuid: "FCD2", period: 0.5, sequence: {bthome_sequence()}}}
 """
 
 
@@ -31,8 +48,10 @@ def config(port, gateway, extra=""):
 mqtt: {{url: "mqtt://127.0.0.1:{port}"}}
 homeassistant: {{enabled: false}}
 gateway: {{id: {gateway}, handover_after: 3{extra}}}
+availability: {{passive_timeout: 3, passive_intervals: 3}}
 devices:
   - {{name: strap, match: {{address: "{STRAP}"}}, mode: connected}}
+  - {{name: thermo, match: {{address: "{THERMO}"}}, mode: passive}}
 """
 
 
@@ -279,3 +298,48 @@ def test_bridged_brokers_a_cut_link_hands_over_and_the_owner_does_not_steal_back
         local_a.close()
         local_b.close()
         proxy.close()
+
+
+def test_passive_readings_are_published_once_and_the_device_stays_online_while_any_gateway_hears_it(broker):
+    g = Gateways(broker.port, -50, -80)
+    try:
+        j = g.judge
+
+        def sighted_by_both(msgs):
+            seen = set()
+            for gw in ("a", "b"):
+                for v in j.json_on(f"blebridge/bridge/{gw}/sightings"):
+                    if "thermo" in v:
+                        seen.add(gw)
+            return seen == {"a", "b"}
+
+        j.wait(sighted_by_both, timeout=30, what="both gateways' sightings of the thermometer")
+        time.sleep(2)
+
+        def states_since(t):
+            return [json.loads(p) for ts, tp, p, _ in j.snapshot() if tp == "blebridge/thermo" and ts >= t and p]
+
+        t0 = time.monotonic()
+        time.sleep(10)
+        ids = [v["packet_id"] for v in states_since(t0)]
+        assert len(ids) >= 14, f"readings flow (one per 0.5 s): {ids}"
+        assert len(ids) == len(set(ids)), f"each reading once: {ids}"
+        assert all(v["rssi"] == -50 for v in states_since(t0)), "the best gateway's RSSI"
+        last = states_since(t0)[-1]
+        assert last["rssi_by_gateway"] == {"a": -50, "b": -80}, last
+        # a stops hearing it: b publishes (after its delay), and nobody calls it offline.
+        t1 = time.monotonic()
+        g.sims["a"].control("SetAdvertisement", f"string:{THERMO}", "string:{advertising: false}")
+        time.sleep(20)
+        later = states_since(t1 + 1)
+        ids = [v["packet_id"] for v in later]
+        assert len(ids) >= 25 and len(ids) == len(set(ids)), ids
+        assert all(v["rssi"] == -80 for v in later[-5:]), later[-5:]
+        offline = [m for m in j.on("blebridge/thermo/availability") if m[0] >= t1 and b"offline" in m[2]]
+        assert not offline, "online while b still hears it"
+        # Nobody hears it: offline.
+        g.sims["b"].control("SetAdvertisement", f"string:{THERMO}", "string:{advertising: false}")
+        j.wait(lambda m: any(tp == "blebridge/thermo/availability" and ts >= t1 and b"offline" in p
+                             for ts, tp, p, _ in m), timeout=45, what="offline once no gateway hears it")
+    finally:
+        g.close()
