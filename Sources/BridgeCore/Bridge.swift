@@ -623,8 +623,11 @@ public final class Bridge: Sendable {
         let c = config
         if let g = coordination {
             let all = records
+            let free = hasFreeSlot
+            let holding: Set<SessionState> = [.connecting, .resolving, .subscribing, .streaming, .polling]
             let served = all.filter { $0.config.mode != .passive }.map { r in
-                (id: r.id, linkUp: r.data.withLock { $0.session != .backingOff })
+                let session = r.data.withLock { $0.session }
+                return (id: r.id, linkUp: session != .backingOff, canServe: free || holding.contains(session))
             }
             let passive = all.filter { $0.config.mode == .passive }.map(\.id)
             apply(g.evaluate(served, passive: passive, wall: clock.wallClock))
@@ -647,6 +650,20 @@ public final class Bridge: Sendable {
                     setAvailability(r, online: false)
                 }
             }
+        }
+    }
+
+    /// Whether a usable adapter has a free connection slot (several gateways: one without is no candidate). No
+    /// usable adapter known (BlueZ not started yet, adapters down) is not "full": that is a connection failure.
+    var hasFreeSlot: Bool {
+        engine.withLock { s in
+            let c = s.config
+            let usable = s.adapters.filter { a in
+                a.powered
+                    && (c.bluetooth.adapters.isEmpty || c.bluetooth.adapters.contains(a.name)
+                        || c.bluetooth.adapters.contains(a.address.uppercased()))
+            }
+            return usable.isEmpty || usable.contains { (s.slots[$0.name] ?? 0) < c.bluetooth.connectionSlots }
         }
     }
 

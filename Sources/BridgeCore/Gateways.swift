@@ -39,6 +39,8 @@ final class GatewayCoordination: Sendable {
         var touched = false
         /// A passive device: no claims; heard when it last advertised.
         var passive = false
+        /// No free connection slot for it here (published in the sightings).
+        var full = false
     }
 
     struct State {
@@ -47,6 +49,7 @@ final class GatewayCoordination: Sendable {
         var online: Set<String> = []
         var lastSightings: Double = -1_000_000
         var publishedRSSI: [String: Double] = [:]
+        var publishedFull: Set<String> = []
         /// The coordination topics are subscribed: claims may be made (their echo would be missed before).
         var subscribed = false
     }
@@ -112,7 +115,9 @@ final class GatewayCoordination: Sendable {
                 guard case .object(let entries)? = json else { return }
                 for (key, value) in entries {
                     guard let rssi = value["rssi"]?.number, let at = value["at"]?.number else { continue }
-                    s.devices[key, default: DeviceState()].sightings[first] = Sighting(gateway: first, rssi: rssi, at: at)
+                    let full = value["full"] == .bool(true)
+                    s.devices[key, default: DeviceState()].sightings[first] = Sighting(
+                        gateway: first, rssi: rssi, at: at, full: full)
                 }
             }
             return (true, [])
@@ -210,7 +215,12 @@ final class GatewayCoordination: Sendable {
 
     /// One round for the non-passive devices (`linkUp`: this gateway's link to it is up or being made), the
     /// smoothing of the passive ones, and the sightings message when due.
-    func evaluate(_ devices: [(id: String, linkUp: Bool)], passive: [String] = [], wall: Double) -> [GatewayEffect] {
+    ///
+    /// `canServe`: this gateway holds a connection slot for the device or has a free one (else it is no candidate,
+    /// and its sightings say so).
+    func evaluate(
+        _ devices: [(id: String, linkUp: Bool, canServe: Bool)], passive: [String] = [], wall: Double
+    ) -> [GatewayEffect] {
         state.withLock { s -> [GatewayEffect] in
             var effects: [GatewayEffect] = []
             guard s.subscribed else { return [] }
@@ -221,9 +231,10 @@ final class GatewayCoordination: Sendable {
                 s.devices[id] = d
             }
             let online = s.online.union([me])
-            for (id, linkUp) in devices {
+            for (id, linkUp, canServe) in devices {
                 var d = s.devices[id, default: DeviceState()]
                 defer { s.devices[id] = d }
+                d.full = !canServe
                 // BlueZ signals an advertiser only when something changes (RSSI by 8 dB or more, data), and forgets
                 // it after its TemporaryTimeout without advertisements (forget(_:)): until then it is heard.
                 if let rssi = d.lastRSSI, d.heardAt != nil {
@@ -232,7 +243,7 @@ final class GatewayCoordination: Sendable {
                 }
                 var sightings = Array(d.sightings.values)
                 if let at = d.heardAt, let rssi = d.smoothed.value {
-                    sightings.append(Sighting(gateway: me, rssi: rssi, at: at))
+                    sightings.append(Sighting(gateway: me, rssi: rssi, at: at, full: d.full))
                 }
                 // Waiting for our claim to come back: do not claim again for a few seconds.
                 if let ours = d.ours, !d.stood, wall - ours.since < 5 { continue }
@@ -295,13 +306,14 @@ final class GatewayCoordination: Sendable {
 
     /// This gateway's sightings, every 10 s and when a smoothed RSSI moved by 3 dB (at most once a second).
     func sightingsIfDue(_ s: inout State, wall: Double) -> [GatewayEffect] {
-        var fresh: [(String, Double, Double)] = []
+        var fresh: [(String, Double, Double, Bool)] = []
         var moved = false
         for (id, d) in s.devices {
             guard let at = d.heardAt, let rssi = d.smoothed.value, wall - at <= rules.settings.sightingMaxAge else {
                 continue
             }
-            fresh.append((id, rssi, at))
+            fresh.append((id, rssi, at, d.full))
+            if d.full != s.publishedFull.contains(id) { moved = true }
             // A passive device's RSSI moving does not hurry the message (there may be hundreds), its first does.
             if let published = s.publishedRSSI[id] {
                 if !d.passive, abs(published - rssi) >= 3 { moved = true }
@@ -313,11 +325,17 @@ final class GatewayCoordination: Sendable {
         guard since >= 10 || (moved && since >= 1) else { return [] }
         s.lastSightings = wall
         s.publishedRSSI = [:]
+        s.publishedFull = []
         var entries: [(String, JSONValue)] = []
-        for (id, rssi, at) in fresh.sorted(by: { $0.0 < $1.0 }) {
+        for (id, rssi, at, full) in fresh.sorted(by: { $0.0 < $1.0 }) {
             let rounded = (rssi * 10).rounded() / 10
             s.publishedRSSI[id] = rounded
-            entries.append((id, .object([("rssi", .double(rounded)), ("at", .double((at * 10).rounded() / 10))])))
+            var entry: [(String, JSONValue)] = [("rssi", .double(rounded)), ("at", .double((at * 10).rounded() / 10))]
+            if full {
+                s.publishedFull.insert(id)
+                entry.append(("full", .bool(true)))
+            }
+            entries.append((id, .object(entry)))
         }
         return [.publish(topic: topics.sightings, payload: JSONValue.object(entries).bytes)]
     }

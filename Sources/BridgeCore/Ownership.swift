@@ -44,12 +44,15 @@ public struct Sighting: Sendable, Equatable {
     public var rssi: Double
     /// When it was last heard (wall clock).
     public var at: Double
+    /// The gateway has no free connection slot for it: it hears the device but cannot serve it.
+    public var full: Bool
 
     /// A sighting.
-    public init(gateway: String, rssi: Double, at: Double) {
+    public init(gateway: String, rssi: Double, at: Double, full: Bool = false) {
         self.gateway = gateway
         self.rssi = rssi
         self.at = at
+        self.full = full
     }
 }
 
@@ -156,8 +159,9 @@ public struct OwnershipRules: Sendable {
                     since: since)
                 return .serve(renew: due ? renewed : nil)
             }
-            // Someone else owns it: take over only after hearing it better by the margin for long enough.
-            if let mine, let betterSince, now - betterSince >= settings.handoverAfter,
+            // Someone else owns it: take over only after hearing it better by the margin for long enough (and with
+            // a free connection slot).
+            if let mine, !mine.full, let betterSince, now - betterSince >= settings.handoverAfter,
                 mine.rssi >= ownerRSSI(claim, fresh) + settings.handoverMargin
             {
                 return .claim(DeviceClaim(owner: me, rssi: mine.rssi, expires: now + settings.lease, since: now))
@@ -167,7 +171,8 @@ public struct OwnershipRules: Sendable {
         // No binding claim: the best fresh candidate claims; the others wait for its claim. An owner whose lease
         // lapsed without renewal is not reaching us (cut off behind a broker bridge, say), whatever its retained
         // state and sightings say: it is no candidate.
-        var candidates = fresh
+        // A gateway without a free connection slot cannot serve it: no candidate.
+        var candidates = fresh.filter { !$0.full }
         if let claim, claim.owner != me, claim.state != .released, now >= claim.expires {
             candidates.removeAll { $0.gateway == claim.owner }
         }

@@ -106,6 +106,86 @@ struct TwoGateways {
         await g.stop()
     }
 
+    @Test func aGatewayWithoutAFreeSlotLeavesTheDeviceToAnother() async throws {
+        // a has one connection slot and two straps to serve; it hears both best. The second goes to b.
+        let broker = FakeBroker()
+        let clock = TestClock()
+        let first = try address(ConnectedDeviceTests.strapAddress)
+        let second = try address("C0:FF:EE:00:00:02")
+        func start(_ id: String, slots: Int) throws -> BridgeHarness {
+            let config = try BridgeConfig.load(
+                text: """
+                    mqtt: {url: mqtt://127.0.0.1:1883}
+                    homeassistant: {enabled: false}
+                    bluetooth: {connection_slots: \(slots)}
+                    gateway: {id: \(id)}
+                    devices:
+                      - {name: first, match: {address: "\(first.text)"}, mode: connected}
+                      - {name: second, match: {address: "\(second.text)"}, mode: connected}
+                    """)
+            let central = FakeCentral(adapters: ["hci0"])
+            try Strap.add(central, first)
+            try Strap.add(central, second)
+            let mqtt = FakeMQTT()
+            broker.attach(mqtt)
+            let logs = MemoryLogHandler()
+            let bridge = Bridge(
+                config: config, central: central, mqtt: mqtt, clock: clock,
+                logger: Logger(handler: logs, level: .debug), gatewayName: id)
+            let run = Task { await bridge.run() }
+            return BridgeHarness(
+                config: config, central: central, mqtt: mqtt, clock: clock, logs: logs, bridge: bridge, run: run)
+        }
+        let a = try start("a", slots: 1)
+        let b = try start("b", slots: 5)
+        func live(_ h: BridgeHarness, _ device: BLEAddress) -> Int {
+            h.central.links(to: device).filter { $0.state.withLock { $0.ended == nil } }.count
+        }
+        func owner(_ device: String) throws -> String? {
+            guard let text = broker.retainedMessages.first(where: { $0.topic == "blebridge/bridge/claims/\(device)" })?
+                .text
+            else { return nil }
+            return try JSONReader.parse(Array(text.utf8))["owner"]?.string
+        }
+        do {
+            try await eventually("both online") {
+                broker.retainedMessages.contains { $0.topic == "blebridge/bridge/a/state" }
+                    && broker.retainedMessages.contains { $0.topic == "blebridge/bridge/b/state" }
+            }
+            // The first strap alone at first: a claims and connects it, using its one slot.
+            for _ in 0..<4 {
+                a.central.advertise(first, rssi: -50, services: [Strap.heartRateService])
+                b.central.advertise(first, rssi: -80, services: [Strap.heartRateService])
+                try await Task.sleep(for: .milliseconds(20))
+                clock.advance(by: .seconds(1))
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            try await eventually("a serves the first") { live(a, first) == 1 }
+            // Now the second: a hears it best too, but has no slot left.
+            for _ in 0..<8 {
+                for device in [first, second] {
+                    a.central.advertise(device, rssi: -50, services: [Strap.heartRateService])
+                    b.central.advertise(device, rssi: -80, services: [Strap.heartRateService])
+                }
+                try await Task.sleep(for: .milliseconds(20))
+                clock.advance(by: .seconds(1))
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            try await eventually("b serves the second") { live(b, second) == 1 }
+            #expect(try owner("first") == "a")
+            #expect(try owner("second") == "b")
+            #expect(live(a, second) == 0 && live(b, first) == 0)
+            let sightings = try #require(a.mqtt.messages(on: "blebridge/bridge/a/sightings").last)
+            #expect(try JSONReader.parse(sightings.payload)["second"]?["full"] == .bool(true))
+        } catch {
+            _ = await a.stop()
+            _ = await b.stop()
+            throw error
+        }
+        _ = await a.stop()
+        _ = await b.stop()
+    }
+
     @Test func whenTheOwnersBrokerConnectionBreaksTheOtherTakesOver() async throws {
         let g = try TwoGateways()
         do {
