@@ -343,3 +343,52 @@ def test_passive_readings_are_published_once_and_the_device_stays_online_while_a
                              for ts, tp, p, _ in m), timeout=45, what="offline once no gateway hears it")
     finally:
         g.close()
+
+
+def test_a_gateway_without_a_free_slot_leaves_a_device_to_the_next_best(broker):
+    """a hears both straps best but has one connection slot: it serves one, b the other."""
+    second = "C0:00:00:00:00:02"
+
+    def with_second(rssi):
+        return scenario(rssi) + f"""
+  - address: "{second}"
+    name: "HR strap 2"
+    rssi: {rssi}
+    service_uuids: ["180D"]
+    gatt:
+      - uuid: "180D"
+        characteristics:
+          - {{uuid: "2A37", flags: [notify], notify: {{rate: 2, sequence: ["00 51", "00 52"]}}}}
+"""
+
+    sims = {g: start_simulator(with_second(r)) for g, r in (("a", -50), ("b", -80))}
+    judge = Judge(broker.port)
+    bridges = {}
+    try:
+        for g, slots in (("a", 1), ("b", 5)):
+            text = config(broker.port, g).replace(
+                "devices:\n", f"bluetooth: {{connection_slots: {slots}}}\ndevices:\n"
+                f"  - {{name: strap2, match: {{address: \"{second}\"}}, mode: connected}}\n")
+            bridges[g] = BridgeProcess(text, sims[g].env)
+        judge.wait_json("blebridge/strap", lambda v: v.get("heart_rate_bpm") in (65, 66), timeout=40)
+        judge.wait_json("blebridge/strap2", lambda v: v.get("heart_rate_bpm") in (81, 82), timeout=60)
+
+        def owners():
+            out = {}
+            for device in ("strap", "strap2"):
+                claims = judge.json_on(f"blebridge/bridge/claims/{device}")
+                out[device] = claims[-1]["owner"] if claims else None
+            return out
+
+        settle(lambda: sorted(owners().values()) == ["a", "b"], what=f"one strap each: {owners()}")
+        settle(lambda: connected(sims["a"]) == 1 and connected(sims["b"]) == 1,
+               what="one connection on each gateway")
+        full = [v for v in judge.json_on("blebridge/bridge/a/sightings")
+                if any(e.get("full") for e in v.values())]
+        assert full, "a's sightings say it has no slot for the other strap"
+    finally:
+        for b in bridges.values():
+            b.close()
+        judge.close()
+        for sim in sims.values():
+            sim.stop()
