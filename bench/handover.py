@@ -15,8 +15,26 @@ def address(i):
     return f"C0:00:00:00:01:{i:02X}"
 
 
-def scenario(rssi, devices):
+def thermo(i):
+    return f"D0:00:00:00:02:{i:02X}"
+
+
+def bthome(n=240):
+    """BTHome v2 packets 0..n-1: packet id and a temperature that moves with it."""
+    return "[" + ", ".join(f'"40 00 {k:02X} 02 {(2000 + k) & 0xFF:02X} {(2000 + k) >> 8:02X}"' for k in range(n)) + "]"
+
+
+def scenario(rssi, devices, passive=0):
     out = ['adapters:\n  - {id: hci0, address: "00:1A:7D:DA:71:10", name: gw}\nperipherals:\n']
+    for i in range(passive):
+        out.append(f"""  - address: "{thermo(i)}"
+    name: "thermo {i}"
+    rssi: {rssi}
+    connectable: false
+    advertising_interval: 0.25
+    service_data:
+      - {{uuid: "FCD2", period: 1, sequence: {bthome()}}}
+""")
     for i in range(devices):
         out.append(f"""  - address: "{address(i)}"
     name: "HR {i}"
@@ -30,12 +48,14 @@ def scenario(rssi, devices):
     return "".join(out)
 
 
-def config(port, gateway, devices):
+def config(port, gateway, devices, passive=0):
     lines = [f'mqtt: {{url: "mqtt://127.0.0.1:{port}"}}', "homeassistant: {enabled: false}",
              f"gateway: {{id: {gateway}, handover_after: 600}}", f"bluetooth: {{connection_slots: {max(5, devices)}}}",
              "devices:"]
     for i in range(devices):
         lines.append(f'  - {{name: strap{i}, match: {{address: "{address(i)}"}}, mode: connected}}')
+    for i in range(passive):
+        lines.append(f'  - {{name: thermo{i}, match: {{address: "{thermo(i)}"}}, mode: passive}}')
     return "\n".join(lines) + "\n"
 
 
@@ -49,12 +69,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--devices", type=int, default=10)
     ap.add_argument("--steady", type=float, default=60)
+    ap.add_argument("--passive", type=int, default=10)
     args = ap.parse_args()
     broker = Broker()
     rssi = {"a": -50, "b": -80}
-    sims = {g: start_simulator(scenario(rssi[g], args.devices)) for g in ("a", "b")}
+    sims = {g: start_simulator(scenario(rssi[g], args.devices, args.passive)) for g in ("a", "b")}
     judge = Judge(broker.port, filters=("blebridge/#",))
-    bridges = {g: BridgeProcess(config(broker.port, g, args.devices), sims[g].env) for g in ("a", "b")}
+    bridges = {g: BridgeProcess(config(broker.port, g, args.devices, args.passive), sims[g].env)
+               for g in ("a", "b")}
     try:
         judge.wait(lambda m: all(owner(judge, f"strap{i}") for i in range(args.devices)), timeout=60,
                    what="every strap claimed")
@@ -70,9 +92,24 @@ def main():
         per = args.devices * minutes
         n = len(claims) + len(sightings)
         size = sum(len(m[1]) + len(m[2]) for m in claims + sightings)
-        print(f"coordination, {args.devices} devices, 2 gateways, {t1 - t0:.0f} s steady: "
-              f"{len(claims) / per:.2f} claim + {len(sightings) / per:.2f} sightings messages per device per minute "
-              f"({n / per:.2f} in all, {size / per:.0f} bytes of topic and payload)")
+        per = (args.devices + args.passive) * minutes
+        print(f"coordination, {args.devices} connected and {args.passive} passive devices, 2 gateways, "
+              f"{t1 - t0:.0f} s steady: {len(claims) / (args.devices * minutes):.2f} claim messages per connected "
+              f"device per minute, {len(sightings) / minutes:.2f} sightings messages per minute from the two gateways; "
+              f"{size / per:.0f} bytes of topic and payload per device per minute")
+        if args.passive:
+            states = [json.loads(m[2]) for m in window if m[1].startswith("blebridge/thermo") and m[2]
+                      and "/" not in m[1][len("blebridge/"):]]
+            keys = [(m[1], json.loads(m[2]).get("packet_id")) for m in window
+                    if m[1].startswith("blebridge/thermo") and "/" not in m[1][len("blebridge/"):] and m[2]]
+            distinct = len(set(keys))
+            expected = args.passive * (t1 - t0)  # one new packet per second per thermometer
+            best = sum(1 for v in states if v.get("rssi") == rssi["a"])
+            print(f"passive, {args.passive} BTHome thermometers heard by both gateways: {len(keys)} states published "
+                  f"for {distinct} distinct readings ({len(keys) - distinct} duplicates; about {expected:.0f} "
+                  f"readings advertised), {best} of them with the best gateway's RSSI; each gateway also receives "
+                  f"the {len(keys) / (args.passive * minutes):.0f} states per passive "
+                  f"device per minute it reads to de-duplicate")
         times = []
         for r in range(args.rounds):
             current = owner(judge)
@@ -94,7 +131,8 @@ def main():
             times.append(took)
             print(f"round {r + 1}: {current} killed, {other} serving after {took:.2f} s", flush=True)
             bridges[current].close()
-            bridges[current] = BridgeProcess(config(broker.port, current, args.devices), sims[current].env)
+            bridges[current] = BridgeProcess(
+                config(broker.port, current, args.devices, args.passive), sims[current].env)
             judge.wait_json(f"blebridge/bridge/{current}/state", lambda v: v == {"state": "online"},
                             after=time.monotonic(), timeout=30)
             time.sleep(3)

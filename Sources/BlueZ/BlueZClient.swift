@@ -511,6 +511,22 @@ public final class BlueZClient: Sendable {
     /// The device at `path`, if it is still in the mirror.
     public func device(atPath path: String) -> BlueZDevice? { tree.device(at: path) }
 
+    /// Disconnects a device this client holds no `BlueZPeripheral` for (`Device1.Disconnect`): a link an earlier
+    /// process made, which bluetoothd keeps when its client goes away.
+    public func disconnect(_ device: BlueZDevice) async throws(BlueZError) {
+        do {
+            _ = try await connection.call(
+                destination: BlueZName.service, path: DBusObjectPath(stringLiteral: device.path),
+                interface: BlueZName.device, method: "Disconnect")
+        } catch {
+            if error.name == "org.bluez.Error.DoesNotExist" || error.name == DBusError.unknownObject {
+                throw .deviceNotFound(device: device.label, failure: .init(error))
+            }
+            if error.name == DBusError.cancelled { throw .cancelled(operation: "device \(device.label): disconnect") }
+            throw .failed(device: device.label, operation: "disconnect", failure: .init(error))
+        }
+    }
+
     /// Removes a device from BlueZ (`Adapter1.RemoveDevice`); it disconnects first if connected.
     public func removeDevice(_ device: BlueZDevice) async throws(BlueZError) {
         do {

@@ -236,6 +236,29 @@ public final class BlueZCentral: BLECentral {
         }
     }
 
+    /// The devices BlueZ has connected now, on any adapter (asked at start: an earlier run's links).
+    public func connectedDevices() -> [BLEAdvertisement] {
+        var out: [BLEAdvertisement] = []
+        for adapter in client.adapters {
+            for d in client.devices(on: adapter) where d.connected {
+                if let adv = Self.advertisement(d, adapter: adapter.name) { out.append(adv) }
+            }
+        }
+        return out
+    }
+
+    /// Disconnects a device this process holds no link for.
+    public func disconnect(_ address: BLEAddress, adapter: String) async throws(BLEError) {
+        guard let d = client.device(address: address.text, on: client.adapters.first { $0.name == adapter }) else {
+            throw BLEError(.notFound, message: "BlueZ does not know \(address)")
+        }
+        do {
+            try await client.disconnect(d)
+        } catch {
+            throw Self.classify(error)
+        }
+    }
+
     /// Stops scanning and closes the client.
     public func close() async {
         await stopScanning()

@@ -299,6 +299,7 @@ public final class Bridge: Sendable {
             }
             logStartup(adapters)
             await startScanning()
+            adoptConnected()
         } catch {
             logger.error("BLE: \(error.message); waiting for bluetoothd")
         }
@@ -308,6 +309,34 @@ public final class Bridge: Sendable {
         for await event in events {
             if Task.isCancelled { break }
             handle(event)
+        }
+    }
+
+    /// A link held here by no session gets this RSSI when BlueZ has none (several gateways: it is heard here, once
+    /// no other gateway's claim holds; the tick says so).
+    static let heldLinkRSSI = -50
+
+    /// Devices an earlier run left connected (bluetoothd keeps a link when the process that made it dies, so such a
+    /// device does not advertise and would never be seen again): a `connected` one is taken over at once; with
+    /// several gateways it counts as heard here when no other gateway serves it (else it is disconnected: see
+    /// `waitForOwnership`), since it cannot be heard anywhere else.
+    func adoptConnected() {
+        let now = clock.now
+        for adv in central.connectedDevices() {
+            guard let r = resolveDevice(for: adv), r.config.mode == .connected else { continue }
+            logger.info(
+                "connected on \(adv.adapter) by an earlier run (bluetoothd kept the link): taking it over",
+                ["device": r.id])
+            let rssi = adv.rssi ?? Self.heldLinkRSSI
+            r.data.withLock { d in
+                if d.address == nil { d.address = adv.address }
+                if let name = adv.name { d.advertisedName = name }
+                d.rssiByAdapter[adv.adapter] = (rssi, now)
+                d.leftConnectedOn = adv.adapter
+                d.lastSeen = now
+                if d.session == .idle { d.session = .discovered }
+            }
+            ensureSession(r)
         }
     }
 
@@ -622,7 +651,17 @@ public final class Bridge: Sendable {
         engine.withLock { $0.heartbeat = ContinuousClock.now }
         let c = config
         if let g = coordination {
+            let wall = clock.wallClock
             let all = records
+            // An earlier run's link that no other gateway's claim holds: only this radio can hear the device.
+            if g.isSubscribed {
+                for r in all {
+                    guard let adapter = r.data.withLock({ $0.leftConnectedOn }), g.owner(of: r.id, wall: wall) == nil
+                    else { continue }
+                    let rssi = r.data.withLock { $0.rssiByAdapter[adapter]?.rssi } ?? Self.heldLinkRSSI
+                    g.heard(r.id, rssi: rssi, wall: wall)
+                }
+            }
             let free = hasFreeSlot
             let holding: Set<SessionState> = [.connecting, .resolving, .subscribing, .streaming, .polling]
             let served = all.filter { $0.config.mode != .passive }.map { r in

@@ -388,9 +388,10 @@ extension BridgeConfig {
     ]
 
     static func loadGateway(_ g: ConfigNode) -> GatewaySettings? {
-        guard g.expectMapping(allowed: [
-                "id", "lease", "handover_margin", "handover_after", "link_lost_grace", "passive_delay", "dedup_window",
-            ]) else {
+        let allowed: Set<String> = [
+            "id", "lease", "handover_margin", "handover_after", "link_lost_grace", "passive_delay", "dedup_window",
+        ]
+        guard g.expectMapping(allowed: allowed) else {
             g.fail("must be a mapping (gateway: {id: attic})")
             return nil
         }

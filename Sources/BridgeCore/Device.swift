@@ -65,6 +65,8 @@ struct DeviceData {
     var userDisconnected = false
     /// Multi-gateway mode: another gateway serves the device now (its id); the session disconnects and waits.
     var handOverTo: String?
+    /// Connected on this adapter by an earlier run, with no link of this process (`adoptConnected`).
+    var leftConnectedOn: String?
     var adapter: String?
     /// The class of the last failed attempt (decides whether an advertisement cuts the backoff short).
     var lastFailure: BLEError.Kind?

@@ -78,6 +78,9 @@ final class GatewayCoordination: Sendable {
     /// The coordination topics are subscribed (the retained claims and states arrive from now on).
     func subscribed() { state.withLock { $0.subscribed = true } }
 
+    /// Whether they are (the retained claims have come).
+    var isSubscribed: Bool { state.withLock { $0.subscribed } }
+
     /// BlueZ forgot the device (it stopped advertising for BlueZ's TemporaryTimeout) or bluetoothd went away: this
     /// gateway no longer hears it.
     func forget(_ device: String) {

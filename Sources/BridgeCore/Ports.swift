@@ -272,6 +272,12 @@ public protocol BLECentral: AnyObject, Sendable {
     func connect(_ address: BLEAddress, adapter: String, timeout: Duration) async throws(BLEError) -> any BLELink
     /// Makes BlueZ forget a device.
     func removeDevice(_ address: BLEAddress, adapter: String) async throws(BLEError)
+    /// The devices connected now on any adapter. Asked at start, before this process connects anything: links an
+    /// earlier run made (bluetoothd keeps a link when the client that made it goes away, so after a crash the device
+    /// does not advertise and would never be seen again).
+    func connectedDevices() -> [BLEAdvertisement]
+    /// Disconnects such a device (one this process holds no link for).
+    func disconnect(_ address: BLEAddress, adapter: String) async throws(BLEError)
     /// Stops everything.
     func close() async
 }

@@ -152,16 +152,40 @@ extension Bridge {
     /// Multi-gateway mode: waits while another gateway serves the device (or our claim has not stood yet). False
     /// when cancelled.
     func waitForOwnership(_ r: DeviceRecord) async -> Bool {
-        guard let g = coordination else { return true }
+        guard let g = coordination else {
+            r.data.withLock { $0.leftConnectedOn = nil }
+            return true
+        }
         while !Task.isCancelled, !g.mayConnect(r.id) {
             r.data.withLock { $0.handOverTo = nil }
+            // An earlier run's link while another gateway serves the device: let it go, or a device that takes one
+            // connection stays tied to this radio.
+            if let adapter = r.data.withLock({ $0.leftConnectedOn }), let address = r.address,
+                let owner = g.owner(of: r.id, wall: clock.wallClock), owner != g.me
+            {
+                r.data.withLock { $0.leftConnectedOn = nil }
+                logger.info(
+                    "connected here by an earlier run, but gateway \(owner) serves it: disconnecting", ["device": r.id])
+                let central = central
+                await uncancelled {
+                    do {
+                        try await central.disconnect(address, adapter: adapter)
+                    } catch {
+                        self.logger.warning("cannot disconnect: \(error)", ["device": r.id])
+                    }
+                }
+            }
             if r.data.withLock({ $0.session }) != .standby {
                 setSession(r, .standby)
                 publishDevices()
             }
             if await waitForRetry(r, delay: .seconds(5)) == false { return false }
         }
-        r.data.withLock { $0.handOverTo = nil }
+        r.data.withLock {
+            $0.handOverTo = nil
+            // Connecting now: an earlier run's link becomes this session's.
+            $0.leftConnectedOn = nil
+        }
         return !Task.isCancelled
     }
 

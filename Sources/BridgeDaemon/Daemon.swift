@@ -150,6 +150,10 @@ final class PreStartedCentral: BLECentral {
     func removeDevice(_ address: BLEAddress, adapter: String) async throws(BLEError) {
         try await base.removeDevice(address, adapter: adapter)
     }
+    func connectedDevices() -> [BLEAdvertisement] { base.connectedDevices() }
+    func disconnect(_ address: BLEAddress, adapter: String) async throws(BLEError) {
+        try await base.disconnect(address, adapter: adapter)
+    }
     func close() async { await base.close() }
 }
 

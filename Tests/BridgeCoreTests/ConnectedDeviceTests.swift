@@ -43,6 +43,27 @@ struct Strap {
         return link
     }
 
+    @Test func aDeviceAnEarlierRunLeftConnectedIsTakenOverWithoutAnAdvertisement() async throws {
+        // bluetoothd keeps a link when the process that made it dies: the device does not advertise again.
+        let strap = try address(Self.strapAddress)
+        try await withBridge(
+            docsConfig,
+            setup: {
+                try Strap.add($0, strap)
+                $0.leaveConnected(strap, services: [Strap.heartRateService])
+            }
+        ) { h in
+            try await eventually("connected") { !h.central.links(to: strap).isEmpty }
+            #expect(h.central.attempts == [FakeCentral.Attempt(address: strap, adapter: "hci0")])
+            let link = try #require(h.central.links(to: strap).last)
+            link.notify(Strap.heartRate, [0x00, 0x48])
+            let state = try await h.mqtt.waitForJSON(on: "blebridge/chest_strap") { $0["heart_rate_bpm"] != nil }
+            #expect(state["heart_rate_bpm"] == .int(72))
+            #expect(h.logs.entries.contains { $0.message.contains("by an earlier run") })
+            #expect(h.central.disconnected.isEmpty)
+        }
+    }
+
     @Test func firstAdvertisementStartsAStreamingSession() async throws {
         let strap = try address(Self.strapAddress)
         try await withBridge(docsConfig, setup: { try Strap.add($0, strap) }) { h in

@@ -298,6 +298,8 @@ final class FakeCentral: BLECentral {
         var devices: [BLEAddress: Device] = [:]
         var scriptedErrors: [BLEAddress: [BLEError]] = [:]
         var attempts: [Attempt] = []
+        var connectedAtStart: [BLEAdvertisement] = []
+        var disconnected: [BLEAddress] = []
         var links: [FakeLink] = []
         var scans: [BLEScanRequest] = []
         var stopScans = 0
@@ -358,6 +360,28 @@ final class FakeCentral: BLECentral {
     func removeDevice(_ address: BLEAddress, adapter: String) async throws(BLEError) {
         state.withLock { $0.removed.append(address) }
     }
+
+    func connectedDevices() -> [BLEAdvertisement] { state.withLock { $0.connectedAtStart } }
+
+    func disconnect(_ address: BLEAddress, adapter: String) async throws(BLEError) {
+        state.withLock { s in
+            s.disconnected.append(address)
+            s.connectedAtStart.removeAll { $0.address == address }
+        }
+    }
+
+    /// BlueZ has `address` connected already when the bridge starts (an earlier run's link).
+    func leaveConnected(
+        _ address: BLEAddress, adapter: String = "hci0", name: String? = nil, services: [BluetoothUUID] = []
+    ) {
+        state.withLock {
+            $0.connectedAtStart.append(
+                BLEAdvertisement(address: address, adapter: adapter, name: name, rssi: nil, serviceUUIDs: services))
+        }
+    }
+
+    /// Devices disconnected through `disconnect(_:adapter:)`.
+    var disconnected: [BLEAddress] { state.withLock { $0.disconnected } }
 
     func close() async { state.withLock { $0.closed = true } }
 

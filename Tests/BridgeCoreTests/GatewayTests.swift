@@ -186,6 +186,45 @@ struct TwoGateways {
         _ = await b.stop()
     }
 
+    @Test func aLinkAnEarlierRunLeftIsReleasedWhenAnotherGatewayServesTheDevice() async throws {
+        let g = try TwoGateways()
+        do {
+            try await g.run(3, -50, -80)
+            try await eventually("a connected") { g.links(g.a) == 1 }
+            // b restarts (its predecessor had connected the strap too, and bluetoothd kept that link).
+            _ = await g.b.stop()
+            let config = try BridgeConfig.load(text: TwoGateways.config("b"))
+            let central = FakeCentral(adapters: ["hci0"])
+            try Strap.add(central, g.strap)
+            central.leaveConnected(g.strap)
+            let mqtt = FakeMQTT()
+            g.broker.attach(mqtt)
+            let logs = MemoryLogHandler()
+            let bridge = Bridge(
+                config: config, central: central, mqtt: mqtt, clock: g.clock,
+                logger: Logger(handler: logs, level: .debug), gatewayName: "b")
+            let run = Task { await bridge.run() }
+            let b = BridgeHarness(
+                config: config, central: central, mqtt: mqtt, clock: g.clock, logs: logs, bridge: bridge, run: run)
+            // b's session looks at the ownership again within its 5 s standby round.
+            for _ in 0..<7 {
+                g.a.central.advertise(g.strap, rssi: -50, services: [Strap.heartRateService])
+                try await Task.sleep(for: .milliseconds(20))
+                g.clock.advance(by: .seconds(1))
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            try await eventually("b lets the strap go") { central.disconnected == [g.strap] }
+            #expect(central.attempts.isEmpty, "b never connects it")
+            #expect(try g.claimOwner() == "a")
+            #expect(logs.entries.contains { $0.message.contains("gateway a serves it: disconnecting") })
+            _ = await b.stop()
+        } catch {
+            await g.stop()
+            throw error
+        }
+        _ = await g.a.stop()
+    }
+
     @Test func whenTheOwnersBrokerConnectionBreaksTheOtherTakesOver() async throws {
         let g = try TwoGateways()
         do {

@@ -30,24 +30,27 @@ import Testing
 
     @Test func aGatewayWithoutAFreeSlotIsNoCandidate() {
         // attic hears it best but has no free connection slot: hall claims it, attic waits.
-        let s = [Sighting(gateway: "attic", rssi: -60, at: 100, full: true), Sighting(gateway: "hall", rssi: -75, at: 100)]
-        #expect(attic.decide(claim: nil, sightings: s, online: both, now: 100, betterSince: nil, linkUp: false) == .stayAway)
+        let s = [
+            Sighting(gateway: "attic", rssi: -60, at: 100, full: true), Sighting(gateway: "hall", rssi: -75, at: 100),
+        ]
+        let atticAction = attic.decide(
+            claim: nil, sightings: s, online: both, now: 100, betterSince: nil, linkUp: false)
+        #expect(atticAction == .stayAway)
         #expect(
             claimant(hall.decide(claim: nil, sightings: s, online: both, now: 100, betterSince: nil, linkUp: false))
                 == "hall")
         // Nor does it take the device over by hearing it better for long enough.
-        let claim = DeviceClaim(owner: "hall", rssi: -75, expires: 130, since: 100)
-        let later = [Sighting(gateway: "attic", rssi: -50, at: 200, full: true), Sighting(gateway: "hall", rssi: -75, at: 200)]
-        let heldHall = DeviceClaim(owner: "hall", rssi: -75, expires: 230, since: 100)
-        _ = claim
+        let held = DeviceClaim(owner: "hall", rssi: -75, expires: 230, since: 100)
+        var later = [
+            Sighting(gateway: "attic", rssi: -50, at: 200, full: true), Sighting(gateway: "hall", rssi: -75, at: 200),
+        ]
         #expect(
-            attic.decide(claim: heldHall, sightings: later, online: both, now: 200, betterSince: 100, linkUp: false)
+            attic.decide(claim: held, sightings: later, online: both, now: 200, betterSince: 100, linkUp: false)
                 == .stayAway)
-        var free = later
-        free[0].full = false
-        #expect(
-            claimant(attic.decide(claim: heldHall, sightings: free, online: both, now: 200, betterSince: 100, linkUp: false))
-                == "attic", "with a free slot it would")
+        later[0].full = false
+        let action = attic.decide(
+            claim: held, sightings: later, online: both, now: 200, betterSince: 100, linkUp: false)
+        #expect(claimant(action) == "attic", "with a free slot it would")
     }
 
     @Test func equalRSSIIsDecidedByTheSmallerGatewayID() {

@@ -391,6 +391,22 @@ def test_a_signal_taken_by_any_thread_reaches_the_bridge(rig):
     j.wait_json("blebridge/bridge/state", online("offline"), after=start)
 
 
+def test_a_device_left_connected_by_a_killed_bridge_is_taken_over_when_it_starts_again(rig):
+    """bluetoothd keeps a link when the process that made it dies, and a connected device does not advertise: the
+    bridge started again (systemd's Restart=) takes the link over instead of waiting for an advertisement."""
+    bridge = rig.bridge()
+    j = rig.judge
+    j.wait_json("blebridge/chest_strap", lambda v: "heart_rate_bpm" in v)
+    bridge.proc.kill()
+    bridge.proc.wait()
+    assert rig.sim.counters()["devices_connected"] >= 1, "the simulator keeps a dead client's links, as bluetoothd does"
+    again = rig.bridge()
+    start = time.monotonic()
+    j.wait_json("blebridge/chest_strap", lambda v: "heart_rate_bpm" in v, after=start, timeout=30)
+    assert "taking it over" in again.log()
+    assert again.stop() == 0
+
+
 def test_bridge_killed_leaves_its_will(rig):
     bridge = rig.bridge()
     j = rig.judge

@@ -121,6 +121,17 @@ def test_one_gateway_serves_and_another_takes_over_when_it_is_killed(broker):
         offline = [m for m in j.on("blebridge/strap/availability") if m[0] >= killed and b"offline" in m[2]]
         assert not offline, "availability stays online through the hand-over"
         print(f"hand-over after SIGKILL: {took:.1f} s")
+        # bluetoothd kept the killed gateway's link. Started again, a lets that link go (b serves the strap now)
+        # instead of keeping a device that takes one connection tied to its radio.
+        assert connected(g.sims["a"]) == 1, "the simulator keeps a dead client's link, as bluetoothd does"
+        g.bridges["a"].close()
+        g.bridges["a"] = BridgeProcess(config(broker.port, "a"), g.sims["a"].env)
+        try:
+            settle(lambda: connected(g.sims["a"]) == 0, timeout=30, what="a releasing its predecessor's link")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; a's log:\n{g.bridges['a'].log()[-3000:]}")
+        assert claim_owner(j) == "b" and connected(g.sims["b"]) == 1
+        assert "b serves it: disconnecting" in g.bridges["a"].log()
     finally:
         g.close()
 
@@ -392,3 +403,28 @@ def test_a_gateway_without_a_free_slot_leaves_a_device_to_the_next_best(broker):
         judge.close()
         for sim in sims.values():
             sim.stop()
+
+
+def test_a_gateway_started_again_takes_over_the_link_it_left_when_nobody_else_serves_the_device(broker):
+    """Killed, its link kept by bluetoothd (so the strap does not advertise), the only gateway that hears it claims
+    it again when it starts and streams."""
+    sim = start_simulator(scenario(-50))
+    judge = Judge(broker.port)
+    bridge = BridgeProcess(config(broker.port, "a"), sim.env)
+    again = None
+    try:
+        judge.wait_json("blebridge/strap", lambda v: v.get("heart_rate_bpm") in (65, 66), timeout=30)
+        bridge.proc.kill()
+        bridge.proc.wait()
+        assert connected(sim) == 1
+        again = BridgeProcess(config(broker.port, "a"), sim.env)
+        start = time.monotonic()
+        judge.wait_json("blebridge/strap", lambda v: v.get("heart_rate_bpm") in (65, 66), after=start, timeout=40)
+        assert claim_owner(judge) == "a"
+        assert "taking it over" in again.log()
+    finally:
+        bridge.close()
+        if again:
+            again.close()
+        judge.close()
+        sim.stop()
