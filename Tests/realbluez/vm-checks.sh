@@ -57,7 +57,7 @@ skip_rest() {  # skip_rest REASON NAME...
 }
 MONITOR_PID="" BTMON_PID="" BLUETOOTHD_PID="" PEER_PID="" BTVIRT_PID=""
 RUN_CHECKS=(run-streams-notify-and-indicate run-set-writes run-get-reads run-reconnects-after-link-loss
-            run-survives-bluetoothd-restart run-stops-cleanly)
+            run-survives-bluetoothd-restart run-takes-over-after-sigkill run-stops-cleanly)
 PERIPHERAL_CHECKS=(serve-registers-and-advertises central-finds-and-connects central-reads-mqtt-value
                    central-notified-on-mqtt-change central-write-reaches-mqtt serve-stops-cleanly)
 ALL_AFTER_BTVIRT=(btvirt-two-controllers peer-advertising bluetoothd-one-controller scan-sees-peer explore-lists-gatt
@@ -282,6 +282,26 @@ if [ -n "$BRIDGE_PID" ]; then
         run_failed run-survives-bluetoothd-restart "after bluetoothd restarted (on the bus: $(restarted && echo yes || echo no)): availability $(lines_after "$m" blebridge/peer/availability | tr '\n' ' ')"
     fi
     note "run: bluetoothd restart done"
+
+    # SIGKILL: bluetoothd keeps the dead client's link (the peer stays connected and does not advertise); the
+    # bridge started again takes the link over and streams.
+    kill -KILL "$BRIDGE_PID"
+    wait "$BRIDGE_PID" 2>/dev/null
+    sleep 1
+    kept=$(bluetoothctl info "$PEER_ADDR" 2>/dev/null | grep -c 'Connected: yes')
+    m=$(mark)
+    "$BLEBRIDGE" run --config /tmp/run.yaml --log-level debug > "$OUT/checks/run-again.log" 2>&1 &
+    BRIDGE_PID=$!
+    s=$(date +%s.%N)
+    again() { streaming_after "$m"; }
+    if wait_for 90 again; then
+        took=$(awk -v a="$s" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+        how="link kept by bluetoothd: $([ "$kept" = 1 ] && echo yes || echo no); $(grep -c 'taking it over' "$OUT/checks/run-again.log") take-over"
+        result PASS run-takes-over-after-sigkill "streaming again ${took} s after the restart ($how)"
+    else
+        run_failed run-takes-over-after-sigkill "after SIGKILL and a restart (link kept: $kept): no new counter values; run-again.log: $(tail -2 "$OUT/checks/run-again.log" | tr '\n' ' ')"
+    fi
+    note "run: SIGKILL and restart done"
 
     # SIGTERM: offline availability, then bridge/state offline, exit 0 within a few seconds.
     m=$(mark)
