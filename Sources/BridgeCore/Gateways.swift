@@ -41,6 +41,8 @@ final class GatewayCoordination: Sendable {
         var passive = false
         /// No free connection slot for it here (published in the sightings).
         var full = false
+        /// When this gateway first heard it in this run.
+        var firstHeard: Double?
     }
 
     struct State {
@@ -71,6 +73,7 @@ final class GatewayCoordination: Sendable {
             if d.smoothed.value == nil { d.smoothed.add(Double(rssi)) }
             d.lastRSSI = Double(rssi)
             d.heardAt = wall
+            if d.firstHeard == nil { d.firstHeard = wall }
             s.devices[device] = d
         }
     }
@@ -191,6 +194,9 @@ final class GatewayCoordination: Sendable {
         }
     }
 
+    /// How long after first hearing a device that nobody claims this gateway waits before it may claim it.
+    static let firstClaimDelay: Double = 1.5
+
     /// A passive device's sighting counts for ranking while this recent (seconds).
     static let passiveFresh: Double = 30
 
@@ -250,6 +256,10 @@ final class GatewayCoordination: Sendable {
                 }
                 // Waiting for our claim to come back: do not claim again for a few seconds.
                 if let ours = d.ours, !d.stood, wall - ours.since < 5 { continue }
+                // A device nobody claims yet, just heard: first let the others' sightings of it arrive (each
+                // gateway publishes a newly heard device within a second), or the first to hear it would claim it
+                // before the one that hears it best has said so.
+                if d.claim == nil, let first = d.firstHeard, wall - first < Self.firstClaimDelay { continue }
                 if let claim = d.claim, claim.owner != me,
                     rules.hearsBetter(claim: claim, sightings: sightings, now: wall)
                 {

@@ -74,15 +74,21 @@ def settle(predicate, timeout=20, what="condition"):
 
 
 class Gateways:
-    def __init__(self, port, rssi_a, rssi_b, extra="", rssi_c=None):
+    def __init__(self, port, rssi_a, rssi_b, extra="", rssi_c=None, later=()):
+        """`later`: gateways not started yet (`start(g)`)."""
         rssi = {"a": rssi_a, "b": rssi_b}
         if rssi_c is not None:
             rssi["c"] = rssi_c
+        self.port, self.extra = port, extra
         self.sims = {g: start_simulator(scenario(r)) for g, r in rssi.items()}
         self.bridges = {}
         self.judge = Judge(port)
         for g in rssi:
-            self.bridges[g] = BridgeProcess(config(port, g, extra), self.sims[g].env)
+            if g not in later:
+                self.start(g)
+
+    def start(self, g):
+        self.bridges[g] = BridgeProcess(config(self.port, g, self.extra), self.sims[g].env)
 
     def close(self):
         for b in self.bridges.values():
@@ -160,11 +166,14 @@ def test_three_gateways_the_best_remaining_one_takes_over(broker):
 
 
 def test_rssi_hand_over_needs_the_margin_for_long_enough(broker):
-    g = Gateways(broker.port, -70, -74)
+    # a first: within the margin, whoever claimed first keeps the strap, and the test starts from a serving it.
+    g = Gateways(broker.port, -70, -74, later=("b",))
     try:
         j = g.judge
         g.streaming_after(0)
         j.wait(lambda m: claim_owner(j) == "a", timeout=20, what="a's claim")
+        g.start("b")
+        j.wait_json("blebridge/bridge/b/sightings", lambda v: "strap" in v, timeout=20)
         settle(lambda: connected(g.sims["b"]) == 0, what="only a connected")
         # 6 dB better at b: within the 8 dB margin; nothing moves.
         g.sims["b"].control("SetAdvertisement", f"string:{STRAP}", "string:{rssi: -64}")
