@@ -136,10 +136,10 @@ class Judge:
             return None
         return self.wait(check, timeout, what=f"a matching message on {topic}")
 
-    def publish(self, topic, payload, qos=1, properties=None):
+    def publish(self, topic, payload, qos=1, properties=None, retain=False):
         if isinstance(payload, (dict, list)):
             payload = json.dumps(payload)
-        self.client.publish(topic, payload, qos=qos, properties=properties).wait_for_publish(10)
+        self.client.publish(topic, payload, qos=qos, retain=retain, properties=properties).wait_for_publish(10)
 
     def close(self):
         self.client.loop_stop()

@@ -153,7 +153,7 @@ def test_values_on_mqtt_reach_a_central_by_read_and_notification_in_order(prig):
     assert prig.ctl.read("2A29") == b"ACME"
     assert prig.ctl.read("2A29", 2) == b"ME"
     assert "0x07" in prig.ctl.error("CentralRead", "ssu", CENTRAL, "2A29", 9)
-    prig.judge.publish("home/living", {"temperature_c": 21.5, "humidity_pct": 40})
+    prig.judge.publish("home/living", {"temperature_c": 21.5, "humidity_pct": 40}, retain=True)
     assert wait_until(lambda: prig.ctl.read("2A6E") == bytes([0x66, 0x08]), 10)
     assert prig.ctl.read("2A6F") == bytes([0xA0, 0x0F])
     # 100 values at 100/s, notified in order, none lost.
@@ -228,7 +228,7 @@ def test_advertisements_carry_the_name_services_and_bthome_data_that_decodes_bac
     adv = connectable()[0]
     assert adv["local_name"] == "bb-e2e"
     assert adv["service_uuids"][:3] == [uuid16("181A"), uuid16("180F"), uuid16("180A")]
-    prig.judge.publish("home/attic", {"t": 21.25, "h": 50})
+    prig.judge.publish("home/attic", {"t": 21.25, "h": 50}, retain=True)
 
     def bthome():
         for a in prig.ctl.advertisements():
@@ -266,8 +266,8 @@ def test_advertisements_carry_the_name_services_and_bthome_data_that_decodes_bac
 def test_everything_comes_back_after_bluetoothd_restarts(prig):
     b = prig.start()
     assert wait_until(prig.registered, 20), b.log()[-3000:]
-    prig.judge.publish("home/living", {"temperature_c": 19.0, "humidity_pct": 30})
-    prig.judge.publish("home/attic", {"t": 18.5, "h": 40})
+    prig.judge.publish("home/living", {"temperature_c": 19.0, "humidity_pct": 30}, retain=True)
+    prig.judge.publish("home/attic", {"t": 18.5, "h": 40}, retain=True)
     prig.ctl.call("CentralConnect", "ss", "", CENTRAL)
     assert wait_until(lambda: prig.ctl.read("2A6E") == (1900).to_bytes(2, "little"), 10)
     assert wait_until(lambda: any(a["type"] == "broadcast" for a in prig.ctl.advertisements()), 10)
@@ -296,7 +296,7 @@ def test_serve_runs_the_peripheral_alone(prig):
     prig.judge.wait_json("blebridge/bridge/state", lambda v: v["state"] == "online")
     info = prig.judge.wait_json("blebridge/bridge/info", lambda v: v.get("mode") == "serve")
     assert info["peripheral"]["name"] == "bb-e2e"
-    prig.judge.publish("home/ups/battery", "42")
+    prig.judge.publish("home/ups/battery", "42", retain=True)
     prig.ctl.call("CentralConnect", "ss", "", CENTRAL)
     assert wait_until(lambda: prig.ctl.read("2A19") == bytes([42]), 10)
     assert b.stop() == 0
