@@ -8,7 +8,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "Tests" / "fidelity"))
 from bridge_fixtures import Broker, BridgeProcess, Judge  # noqa: E402
-from sim_fixtures import start_simulator  # noqa: E402
+from sim_fixtures import bthome_thermometer, hr_peripheral, start_simulator  # noqa: E402
 
 
 def address(i):
@@ -19,32 +19,11 @@ def thermo(i):
     return f"D0:00:00:00:02:{i:02X}"
 
 
-def bthome(n=240):
-    """BTHome v2 packets 0..n-1: packet id and a temperature that moves with it."""
-    return "[" + ", ".join(f'"40 00 {k:02X} 02 {(2000 + k) & 0xFF:02X} {(2000 + k) >> 8:02X}"' for k in range(n)) + "]"
-
-
 def scenario(rssi, devices, passive=0):
     out = ['adapters:\n  - {id: hci0, address: "00:1A:7D:DA:71:10", name: gw}\nperipherals:\n']
-    for i in range(passive):
-        out.append(f"""  - address: "{thermo(i)}"
-    name: "thermo {i}"
-    rssi: {rssi}
-    connectable: false
-    advertising_interval: 0.25
-    service_data:
-      - {{uuid: "FCD2", period: 1, sequence: {bthome()}}}
-""")
-    for i in range(devices):
-        out.append(f"""  - address: "{address(i)}"
-    name: "HR {i}"
-    rssi: {rssi}
-    service_uuids: ["180D"]
-    gatt:
-      - uuid: "180D"
-        characteristics:
-          - {{uuid: "2A37", flags: [notify], notify: {{rate: 2, sequence: ["00 41", "00 42"]}}}}
-""")
+    out += [bthome_thermometer(thermo(i), rssi, packets=240, period=1, interval=0.25, name=f"thermo {i}")
+            for i in range(passive)]
+    out += [hr_peripheral(address(i), rssi, name=f"HR {i}") for i in range(devices)]
     return "".join(out)
 
 

@@ -226,14 +226,20 @@ public final class BlueZCentral: BLECentral {
 
     /// Makes BlueZ forget the device.
     public func removeDevice(_ address: BLEAddress, adapter: String) async throws(BLEError) {
-        guard let d = client.device(address: address.text, on: client.adapters.first { $0.name == adapter }) else {
-            throw BLEError(.notFound, message: "BlueZ does not know \(address)")
-        }
+        let d = try knownDevice(address, adapter: adapter)
         do {
             try await client.removeDevice(d)
         } catch {
             throw Self.classify(error)
         }
+    }
+
+    /// BlueZ's device `address` on `adapter`.
+    func knownDevice(_ address: BLEAddress, adapter: String) throws(BLEError) -> BlueZDevice {
+        guard let d = client.device(address: address.text, on: client.adapters.first { $0.name == adapter }) else {
+            throw BLEError(.notFound, message: "BlueZ does not know \(address)")
+        }
+        return d
     }
 
     /// The devices BlueZ has connected now, on any adapter (asked at start: an earlier run's links).
@@ -249,9 +255,7 @@ public final class BlueZCentral: BLECentral {
 
     /// Disconnects a device this process holds no link for.
     public func disconnect(_ address: BLEAddress, adapter: String) async throws(BLEError) {
-        guard let d = client.device(address: address.text, on: client.adapters.first { $0.name == adapter }) else {
-            throw BLEError(.notFound, message: "BlueZ does not know \(address)")
-        }
+        let d = try knownDevice(address, adapter: adapter)
         do {
             try await client.disconnect(d)
         } catch {

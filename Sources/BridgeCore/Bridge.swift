@@ -40,6 +40,9 @@ public final class Bridge: Sendable {
         var nextScanID: UInt64 = 0
         var shuttingDown = false
         var counters = BridgeCounters()
+
+        /// The powered adapters `bluetooth.adapters` allows.
+        var usableAdapters: [BLEAdapterInfo] { Bridge.usable(adapters, allowed: config.bluetooth.adapters) }
         var requestTail: Task<Void, Never>?
         var heartbeat = ContinuousClock.now
         var lastMQTTFailure: String?
@@ -351,6 +354,13 @@ public final class Bridge: Sendable {
                 + (c.homeAssistant.enabled ? "on (\(c.homeAssistant.prefix))" : "off"))
     }
 
+    /// The powered adapters among `adapters` that `allowed` (names or addresses; empty: any) lets the bridge use.
+    static func usable(_ adapters: [BLEAdapterInfo], allowed: [String]) -> [BLEAdapterInfo] {
+        adapters.filter { a in
+            a.powered && (allowed.isEmpty || allowed.contains(a.name) || allowed.contains(a.address.uppercased()))
+        }
+    }
+
     func startScanning() async {
         let c = config
         let request = BLEScanRequest(
@@ -358,11 +368,7 @@ public final class Bridge: Sendable {
             adapters: c.bluetooth.adapters)
         do {
             try await central.startScanning(request)
-            let names = central.adapters().filter { a in
-                a.powered
-                    && (request.adapters.isEmpty || request.adapters.contains(a.name)
-                        || request.adapters.contains(a.address.uppercased()))
-            }.map(\.name)
+            let names = Self.usable(central.adapters(), allowed: request.adapters).map(\.name)
             engine.withLock { $0.scanning = Set(names) }
             logger.info(
                 "scanning"
@@ -677,32 +683,18 @@ public final class Bridge: Sendable {
             }
             if mode == .passive || mode == .onDemand, online == true, let lastAdvert {
                 let timeout = passiveTimeout(r.config, interval: interval, settings: c.availability)
-                // Several gateways: offline only when none hears it (their sightings come every 10 s).
-                if mode == .passive, let g = coordination,
-                    g.othersHear(r.id, within: timeout.seconds + 12, wall: clock.wallClock)
-                {
-                    continue
-                }
                 if now - lastAdvert > timeout {
+                    // Several gateways: offline only when none hears it (their sightings come every 10 s).
+                    if mode == .passive, let g = coordination,
+                        g.othersHear(r.id, within: timeout.seconds + 12, wall: clock.wallClock)
+                    {
+                        continue
+                    }
                     logger.info(
                         "no advertisement for \(Int((now - lastAdvert).seconds)) s: offline", ["device": r.id])
                     setAvailability(r, online: false)
                 }
             }
-        }
-    }
-
-    /// Whether a usable adapter has a free connection slot (several gateways: one without is no candidate). No
-    /// usable adapter known (BlueZ not started yet, adapters down) is not "full": that is a connection failure.
-    var hasFreeSlot: Bool {
-        engine.withLock { s in
-            let c = s.config
-            let usable = s.adapters.filter { a in
-                a.powered
-                    && (c.bluetooth.adapters.isEmpty || c.bluetooth.adapters.contains(a.name)
-                        || c.bluetooth.adapters.contains(a.address.uppercased()))
-            }
-            return usable.isEmpty || usable.contains { (s.slots[$0.name] ?? 0) < c.bluetooth.connectionSlots }
         }
     }
 

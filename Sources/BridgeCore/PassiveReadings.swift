@@ -52,7 +52,13 @@ final class PassiveReadings: Sendable {
     func note(_ device: String, _ fields: [String: JSONValue], wall: Double) {
         recent.withLock { all in
             var list = all[device, default: []]
-            list.append(Published(fields: fields, at: wall))
+            // Our own state coming back from the broker carries the reading noted when it was published: it takes
+            // that entry's place (with every field of the state) instead of a second one.
+            if let last = list.last, last.fields.allSatisfy({ k, v in fields[k].map { Self.same($0, v) } ?? false }) {
+                list[list.count - 1].fields = fields
+            } else {
+                list.append(Published(fields: fields, at: wall))
+            }
             if list.count > Self.depth { list.removeFirst(list.count - Self.depth) }
             all[device] = list
         }

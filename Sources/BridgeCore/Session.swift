@@ -88,16 +88,21 @@ extension Bridge {
 
     // MARK: Slots
 
+    /// Whether a usable adapter has a free connection slot (several gateways: one without is no candidate). No
+    /// usable adapter known (BlueZ not started yet, adapters down) is not "full": that is a connection failure.
+    var hasFreeSlot: Bool {
+        engine.withLock { s in
+            let usable = s.usableAdapters
+            return usable.isEmpty || usable.contains { (s.slots[$0.name] ?? 0) < s.config.bluetooth.connectionSlots }
+        }
+    }
+
     /// Takes a connection slot on the adapter that hears the device best among those with a free slot.
     func acquireSlot(_ r: DeviceRecord) -> String? {
         let heard = r.data.withLock { $0.rssiByAdapter }
         let c = config
         return engine.withLock { s -> String? in
-            let usable = s.adapters.filter { a in
-                a.powered
-                    && (c.bluetooth.adapters.isEmpty || c.bluetooth.adapters.contains(a.name)
-                        || c.bluetooth.adapters.contains(a.address.uppercased()))
-            }
+            let usable = s.usableAdapters
             let free = usable.filter { (s.slots[$0.name] ?? 0) < c.bluetooth.connectionSlots }
             let ranked = free.sorted { a, b in
                 let ra = heard[a.name]?.rssi ?? -200

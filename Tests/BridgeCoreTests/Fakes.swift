@@ -706,6 +706,25 @@ let docsConfig = """
         writable: [setpoint_c]
     """
 
+/// A bridge named `id` (its gateway id) on `broker` and `clock`, with its own fake central (`setup` adds devices).
+func startGateway(
+    _ id: String, config yaml: String, broker: FakeBroker, clock: TestClock,
+    setup: (FakeCentral) throws -> Void = { _ in }
+) throws -> BridgeHarness {
+    let config = try BridgeConfig.load(text: yaml)
+    let central = FakeCentral(adapters: ["hci0"])
+    try setup(central)
+    let mqtt = FakeMQTT()
+    broker.attach(mqtt)
+    let logs = MemoryLogHandler()
+    let bridge = Bridge(
+        config: config, central: central, mqtt: mqtt, clock: clock, logger: Logger(handler: logs, level: .debug),
+        gatewayName: id)
+    let run = Task { await bridge.run() }
+    return BridgeHarness(
+        config: config, central: central, mqtt: mqtt, clock: clock, logs: logs, bridge: bridge, run: run)
+}
+
 /// A broker for several FakeMQTTs: a publish reaches every attached transport whose filters match (the publisher
 /// too, as mosquitto does), retained messages are kept (an empty one clears) and delivered on subscribe.
 final class FakeBroker: Sendable {

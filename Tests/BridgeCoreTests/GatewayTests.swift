@@ -5,6 +5,18 @@ import GATT
 import Logging
 import Testing
 
+/// The gateway that the retained claim of `device` names.
+func owner(of device: String, on broker: FakeBroker) throws -> String? {
+    guard let text = broker.retainedMessages.first(where: { $0.topic == "blebridge/bridge/claims/\(device)" })?.text
+    else { return nil }
+    return try JSONReader.parse(Array(text.utf8))["owner"]?.string
+}
+
+/// How many of the links `h` made to `device` are up.
+func liveLinks(_ h: BridgeHarness, _ device: BLEAddress) -> Int {
+    h.central.links(to: device).filter { $0.state.withLock { $0.ended == nil } }.count
+}
+
 /// Two gateways ("a", "b") serving the same configured strap.
 struct TwoGateways {
     let broker = FakeBroker()
@@ -25,22 +37,11 @@ struct TwoGateways {
 
     init(extra: String = "") throws {
         strap = try address(ConnectedDeviceTests.strapAddress)
-        func start(_ id: String, clock: TestClock, broker: FakeBroker, strap: BLEAddress) throws -> BridgeHarness {
-            let config = try BridgeConfig.load(text: Self.config(id, extra))
-            let central = FakeCentral(adapters: ["hci0"])
-            try Strap.add(central, strap)
-            let mqtt = FakeMQTT()
-            broker.attach(mqtt)
-            let logs = MemoryLogHandler()
-            let bridge = Bridge(
-                config: config, central: central, mqtt: mqtt, clock: clock,
-                logger: Logger(handler: logs, level: .debug), gatewayName: id)
-            let run = Task { await bridge.run() }
-            return BridgeHarness(
-                config: config, central: central, mqtt: mqtt, clock: clock, logs: logs, bridge: bridge, run: run)
-        }
-        a = try start("a", clock: clock, broker: broker, strap: strap)
-        b = try start("b", clock: clock, broker: broker, strap: strap)
+        let strap = strap
+        a = try startGateway(
+            "a", config: Self.config("a", extra), broker: broker, clock: clock, setup: { try Strap.add($0, strap) })
+        b = try startGateway(
+            "b", config: Self.config("b", extra), broker: broker, clock: clock, setup: { try Strap.add($0, strap) })
     }
 
     /// Both gateways hear the strap: `a` at `rssiA`, `b` at `rssiB`.
@@ -60,14 +61,9 @@ struct TwoGateways {
         }
     }
 
-    func links(_ h: BridgeHarness) -> Int { h.central.links(to: strap).filter { $0.state.withLock { $0.ended == nil } }.count }
+    func links(_ h: BridgeHarness) -> Int { liveLinks(h, strap) }
 
-    func claimOwner() throws -> String? {
-        guard let text = broker.retainedMessages.first(where: { $0.topic == "blebridge/bridge/claims/chest_strap" })?
-            .text
-        else { return nil }
-        return try JSONReader.parse(Array(text.utf8))["owner"]?.string
-    }
+    func claimOwner() throws -> String? { try owner(of: "chest_strap", on: broker) }
 
     func stop() async {
         _ = await a.stop()
@@ -113,8 +109,9 @@ struct TwoGateways {
         let first = try address(ConnectedDeviceTests.strapAddress)
         let second = try address("C0:FF:EE:00:00:02")
         func start(_ id: String, slots: Int) throws -> BridgeHarness {
-            let config = try BridgeConfig.load(
-                text: """
+            try startGateway(
+                id,
+                config: """
                     mqtt: {url: mqtt://127.0.0.1:1883}
                     homeassistant: {enabled: false}
                     bluetooth: {connection_slots: \(slots)}
@@ -122,31 +119,17 @@ struct TwoGateways {
                     devices:
                       - {name: first, match: {address: "\(first.text)"}, mode: connected}
                       - {name: second, match: {address: "\(second.text)"}, mode: connected}
-                    """)
-            let central = FakeCentral(adapters: ["hci0"])
-            try Strap.add(central, first)
-            try Strap.add(central, second)
-            let mqtt = FakeMQTT()
-            broker.attach(mqtt)
-            let logs = MemoryLogHandler()
-            let bridge = Bridge(
-                config: config, central: central, mqtt: mqtt, clock: clock,
-                logger: Logger(handler: logs, level: .debug), gatewayName: id)
-            let run = Task { await bridge.run() }
-            return BridgeHarness(
-                config: config, central: central, mqtt: mqtt, clock: clock, logs: logs, bridge: bridge, run: run)
+                    """,
+                broker: broker, clock: clock,
+                setup: {
+                    try Strap.add($0, first)
+                    try Strap.add($0, second)
+                })
         }
         let a = try start("a", slots: 1)
         let b = try start("b", slots: 5)
-        func live(_ h: BridgeHarness, _ device: BLEAddress) -> Int {
-            h.central.links(to: device).filter { $0.state.withLock { $0.ended == nil } }.count
-        }
-        func owner(_ device: String) throws -> String? {
-            guard let text = broker.retainedMessages.first(where: { $0.topic == "blebridge/bridge/claims/\(device)" })?
-                .text
-            else { return nil }
-            return try JSONReader.parse(Array(text.utf8))["owner"]?.string
-        }
+        let live = liveLinks
+        func claimant(_ device: String) throws -> String? { try owner(of: device, on: broker) }
         do {
             try await eventually("both online") {
                 broker.retainedMessages.contains { $0.topic == "blebridge/bridge/a/state" }
@@ -172,8 +155,8 @@ struct TwoGateways {
                 try await Task.sleep(for: .milliseconds(20))
             }
             try await eventually("b serves the second") { live(b, second) == 1 }
-            #expect(try owner("first") == "a")
-            #expect(try owner("second") == "b")
+            #expect(try claimant("first") == "a")
+            #expect(try claimant("second") == "b")
             #expect(live(a, second) == 0 && live(b, first) == 0)
             let sightings = try #require(a.mqtt.messages(on: "blebridge/bridge/a/sightings").last)
             #expect(try JSONReader.parse(sightings.payload)["second"]?["full"] == .bool(true))
@@ -193,19 +176,14 @@ struct TwoGateways {
             try await eventually("a connected") { g.links(g.a) == 1 }
             // b restarts (its predecessor had connected the strap too, and bluetoothd kept that link).
             _ = await g.b.stop()
-            let config = try BridgeConfig.load(text: TwoGateways.config("b"))
-            let central = FakeCentral(adapters: ["hci0"])
-            try Strap.add(central, g.strap)
-            central.leaveConnected(g.strap)
-            let mqtt = FakeMQTT()
-            g.broker.attach(mqtt)
-            let logs = MemoryLogHandler()
-            let bridge = Bridge(
-                config: config, central: central, mqtt: mqtt, clock: g.clock,
-                logger: Logger(handler: logs, level: .debug), gatewayName: "b")
-            let run = Task { await bridge.run() }
-            let b = BridgeHarness(
-                config: config, central: central, mqtt: mqtt, clock: g.clock, logs: logs, bridge: bridge, run: run)
+            let strap = g.strap
+            let b = try startGateway(
+                "b", config: TwoGateways.config("b"), broker: g.broker, clock: g.clock,
+                setup: {
+                    try Strap.add($0, strap)
+                    $0.leaveConnected(strap)
+                })
+            let central = b.central
             // b's session looks at the ownership again within its 5 s standby round.
             for _ in 0..<7 {
                 g.a.central.advertise(g.strap, rssi: -50, services: [Strap.heartRateService])
@@ -216,7 +194,7 @@ struct TwoGateways {
             try await eventually("b lets the strap go") { central.disconnected == [g.strap] }
             #expect(central.attempts.isEmpty, "b never connects it")
             #expect(try g.claimOwner() == "a")
-            #expect(logs.entries.contains { $0.message.contains("gateway a serves it: disconnecting") })
+            #expect(b.logs.entries.contains { $0.message.contains("gateway a serves it: disconnecting") })
             _ = await b.stop()
         } catch {
             await g.stop()

@@ -27,21 +27,8 @@ struct TwoPassiveGateways {
 
     init() throws {
         thermometer = try address("A4:C1:38:12:34:56")
-        func start(_ id: String, clock: TestClock, broker: FakeBroker) throws -> BridgeHarness {
-            let config = try BridgeConfig.load(text: Self.config(id))
-            let central = FakeCentral(adapters: ["hci0"])
-            let mqtt = FakeMQTT()
-            broker.attach(mqtt)
-            let logs = MemoryLogHandler()
-            let bridge = Bridge(
-                config: config, central: central, mqtt: mqtt, clock: clock,
-                logger: Logger(handler: logs, level: .debug), gatewayName: id)
-            let run = Task { await bridge.run() }
-            return BridgeHarness(
-                config: config, central: central, mqtt: mqtt, clock: clock, logs: logs, bridge: bridge, run: run)
-        }
-        a = try start("a", clock: clock, broker: broker)
-        b = try start("b", clock: clock, broker: broker)
+        a = try startGateway("a", config: Self.config("a"), broker: broker, clock: clock)
+        b = try startGateway("b", config: Self.config("b"), broker: broker, clock: clock)
     }
 
     /// BTHome v2: packet id `id`, battery 93 %, temperature 25.00 + id/100 °C, humidity 50.55 %.

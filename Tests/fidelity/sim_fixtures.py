@@ -96,6 +96,24 @@ class Simulator:
                 self.proc.wait()
 
 
+def hr_peripheral(address, rssi, name=None, adapter=None, sequence=("00 41", "00 42")):
+    """A scenario `peripherals[]` entry: a heart-rate strap notifying 2A37 at 2 Hz, cycling through `sequence`."""
+    values = ", ".join(f'"{v}"' for v in sequence)
+    return (f'  - address: "{address}"\n' + (f"    adapter: {adapter}\n" if adapter else "")
+            + f'    name: "{name or "HR " + address[-2:]}"\n    rssi: {rssi}\n    service_uuids: ["180D"]\n'
+            + '    gatt:\n      - uuid: "180D"\n        characteristics:\n'
+            + f'          - {{uuid: "2A37", flags: [notify], notify: {{rate: 2, sequence: [{values}]}}}}\n')
+
+
+def bthome_thermometer(address, rssi, packets=200, period=0.5, interval=0.2, name="BTHome thermo"):
+    """A scenario `peripherals[]` entry: a BTHome v2 thermometer whose packet id counts 0..packets-1 (and its
+    temperature, 20.00 + id/100 °C, with it), a new packet every `period` s, advertised every `interval` s."""
+    seq = ", ".join(f'"40 00 {i:02X} 02 {(2000 + i) & 0xFF:02X} {(2000 + i) >> 8:02X}"' for i in range(packets))
+    return (f'  - address: "{address}"\n    name: "{name}"\n    rssi: {rssi}\n    connectable: false\n'
+            f"    advertising_interval: {interval}\n    service_data:\n"
+            f'      - {{uuid: "FCD2", period: {period}, sequence: [{seq}]}}\n')
+
+
 def start_simulator(scenario_text: str = None, path: pathlib.Path = DEMO_SCENARIO, extra_args=()):
     if scenario_text is not None:
         handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)

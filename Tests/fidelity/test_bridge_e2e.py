@@ -8,7 +8,7 @@ import pytest
 
 from bridge_fixtures import BridgeProcess, Judge, demo_config, free_port, rig, broker, demo_sim  # noqa: F401
 from conftest import bin_dir
-from sim_fixtures import DEMO_SCENARIO, HR_STRAP, BTHOME, ECHO, ENVIRO, THERMOMETER, start_simulator
+from sim_fixtures import DEMO_SCENARIO, HR_STRAP, BTHOME, ECHO, ENVIRO, THERMOMETER, hr_peripheral, start_simulator
 
 
 def online(state):
@@ -196,7 +196,7 @@ settings: {auto_enable_delay: 3}
 adapters:
   - {id: hci0, address: "00:1A:7D:DA:71:10", name: sim0}
 peripherals:
-""" + hr_peripheral(address, "hci0", -60)
+""" + hr_peripheral(address, -60, adapter="hci0")
     sim = start_simulator(scenario)
     config = f"""
 mqtt: {{url: "mqtt://127.0.0.1:{broker.port}"}}
@@ -514,26 +514,12 @@ peripherals:
 """
 
 
-def hr_peripheral(address, adapter, rssi):
-    return f"""
-  - address: "{address}"
-    adapter: {adapter}
-    name: "HR {address[-2:]}"
-    rssi: {rssi}
-    service_uuids: ["180D"]
-    gatt:
-      - uuid: "180D"
-        characteristics:
-          - {{uuid: "2A37", flags: [notify], notify: {{rate: 2, sequence: ["00 41", "00 42"]}}}}
-"""
-
-
 def test_two_adapters_share_devices_by_connection_slots(broker):
     d1, d2, d3 = "C0:00:00:00:00:01", "C0:00:00:00:00:02", "C0:00:00:00:00:03"
     scenario = TWO_ADAPTERS + "".join([
-        hr_peripheral(d1, "hci0", -85), hr_peripheral(d1, "hci1", -50),
-        hr_peripheral(d2, "hci0", -60), hr_peripheral(d2, "hci1", -55),
-        hr_peripheral(d3, "hci0", -70),
+        hr_peripheral(d1, -85, adapter="hci0"), hr_peripheral(d1, -50, adapter="hci1"),
+        hr_peripheral(d2, -60, adapter="hci0"), hr_peripheral(d2, -55, adapter="hci1"),
+        hr_peripheral(d3, -70, adapter="hci0"),
     ])
     sim = start_simulator(scenario)
     config = f"""

@@ -5,42 +5,15 @@ import json
 import time
 
 from bridge_fixtures import Broker, BridgeProcess, Judge, broker  # noqa: F401
-from sim_fixtures import start_simulator
+from sim_fixtures import bthome_thermometer, hr_peripheral, start_simulator
 
 STRAP = "C0:00:00:00:00:01"
 THERMO = "A4:C1:38:00:00:01"
 
 
-def bthome_sequence(n=200):
-    """BTHome v2 packets 0..n-1 (packet id, temperature 20.00 + id/100 °C), one every 0.5 s."""
-    out = []
-    for i in range(n):
-        t = 2000 + i
-        out.append(f"40 00 {i:02X} 02 {t & 0xFF:02X} {t >> 8:02X}")
-    return "[" + ", ".join(f'"{p}"' for p in out) + "]"
-
-
 def scenario(rssi):
-    return f"""
-adapters:
-  - {{id: hci0, address: "00:1A:7D:DA:71:10", name: gw}}
-peripherals:
-  - address: "{STRAP}"
-    name: "HR strap"
-    rssi: {rssi}
-    service_uuids: ["180D"]
-    gatt:
-      - uuid: "180D"
-        characteristics:
-          - {{uuid: "2A37", flags: [notify], notify: {{rate: 2, sequence: ["00 41", "00 42"]}}}}
-  - address: "{THERMO}"
-    name: "BTHome thermo"
-    rssi: {rssi}
-    connectable: false
-    advertising_interval: 0.2
-    service_data:
-      - {{uuid: "FCD2", period: 0.5, sequence: {bthome_sequence()}}}
-"""
+    return ('adapters:\n  - {id: hci0, address: "00:1A:7D:DA:71:10", name: gw}\nperipherals:\n'
+            + hr_peripheral(STRAP, rssi, name="HR strap") + bthome_thermometer(THERMO, rssi))
 
 
 def config(port, gateway, extra=""):
@@ -370,16 +343,7 @@ def test_a_gateway_without_a_free_slot_leaves_a_device_to_the_next_best(broker):
     second = "C0:00:00:00:00:02"
 
     def with_second(rssi):
-        return scenario(rssi) + f"""
-  - address: "{second}"
-    name: "HR strap 2"
-    rssi: {rssi}
-    service_uuids: ["180D"]
-    gatt:
-      - uuid: "180D"
-        characteristics:
-          - {{uuid: "2A37", flags: [notify], notify: {{rate: 2, sequence: ["00 51", "00 52"]}}}}
-"""
+        return scenario(rssi) + hr_peripheral(second, rssi, name="HR strap 2", sequence=("00 51", "00 52"))
 
     sims = {g: start_simulator(with_second(r)) for g, r in (("a", -50), ("b", -80))}
     judge = Judge(broker.port)
