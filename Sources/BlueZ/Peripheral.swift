@@ -482,8 +482,16 @@ public final class BlueZPeripheral: Sendable {
     /// GetManagedObjects, then wait for the exports to settle.
     private func settleServices(_ deadline: Deadline, reexported: Bool) async {
         let empty = client.tree.services(ofDevice: devicePath).isEmpty
-        if !empty && !reexported { return }
-        if empty {
+        let prefix = devicePath + "/"
+        if !empty && !reexported {
+            // Some services are in the mirror, but its signals can lag the bus on a loaded machine: one read of
+            // bluetoothd's own view says whether it exports more than the mirror shows (then settle as below).
+            let mirrored = Set(client.tree.objects.keys.filter { $0.hasPrefix(prefix) })
+            guard let exported = await client.refreshMissingObjects()?.filter({ $0.hasPrefix(prefix) }),
+                !exported.isSubset(of: mirrored)
+            else { return }
+            client.logger.debug("device \(label): ServicesResolved with part of the services in the tree; re-reading")
+        } else if empty {
             client.logger.debug("device \(label): ServicesResolved but no services in the tree yet; re-reading it")
         } else {
             client.logger.debug("device \(label): services were removed during the connect; waiting for them all")
@@ -491,7 +499,6 @@ public final class BlueZPeripheral: Sendable {
         // Until bluetoothd's own view of the device's GATT objects is the same in two reads 150 ms apart (the
         // export has ended) and the mirror has them all: signals alone can lag far behind the bus on a loaded
         // machine, and a quiet period cannot tell a finished export from a slow one.
-        let prefix = devicePath + "/"
         // At most 3 s, and at least 1 s even when the connect's deadline is nearly spent (a loaded machine made the
         // connect itself slow): a tree known to be incomplete is worse than a connect that ends a little late.
         let end = ContinuousClock.now + max(min(deadline.remaining, .seconds(3)), .seconds(1))
