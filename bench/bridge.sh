@@ -51,7 +51,16 @@ else
 fi
 
 echo "== build (release)" >&2
-for product in blebridge bluez-sim bench-bridge; do
+# The bridge measured is the binary users get (deploy/build-release.sh: static Swift runtime, full RELRO), built in
+# a scratch path of its own; BRIDGE_BIN=PATH measures another build instead.
+if [ -z "${BRIDGE_BIN:-}" ]; then
+    if ! BRIDGE_BIN="$(BLEBRIDGE_SCRATCH="$PWD/.build/shipped" bash deploy/build-release.sh 2>"/tmp/bench-build-$$.log")"; then
+        grep -vE '^\[[0-9]+/[0-9]+\]' "/tmp/bench-build-$$.log" | tail -20 >&2
+        echo "release build of the shipped blebridge failed" >&2
+        exit 1
+    fi
+fi
+for product in bluez-sim bench-bridge; do
     if ! swift build -c release --product "$product" >"/tmp/bench-build-$$.log" 2>&1; then
         grep -vE '^\[[0-9]+/[0-9]+\]' "/tmp/bench-build-$$.log" | tail -20 >&2
         rm -f "/tmp/bench-build-$$.log"
@@ -61,7 +70,7 @@ for product in blebridge bluez-sim bench-bridge; do
 done
 rm -f "/tmp/bench-build-$$.log"
 BIN="$(swift build -c release --show-bin-path)"
-[ -x "$BIN/blebridge" ] && [ -x "$BIN/bluez-sim" ] || { echo "bench/bridge.sh: release build failed" >&2; exit 1; }
+[ -x "$BRIDGE_BIN" ] && [ -x "$BIN/bluez-sim" ] || { echo "bench/bridge.sh: release build failed" >&2; exit 1; }
 
 WORK="$(mktemp -d)"
 PIDS=()
@@ -141,7 +150,7 @@ run_scenario() {
         refargs=(--pid "ref=$ref" --pid "swiftref=$swiftref")
     fi
 
-    DBUS_SYSTEM_BUS_ADDRESS="$address" "$BIN/blebridge" run --config "$dir/bridge.yaml" 2>"$dir/bridge.log" &
+    DBUS_SYSTEM_BUS_ADDRESS="$address" "$BRIDGE_BIN" run --config "$dir/bridge.yaml" 2>"$dir/bridge.log" &
     local bridge=$!
     PIDS+=("$bridge")
 

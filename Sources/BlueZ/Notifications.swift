@@ -51,6 +51,9 @@ final class NotifySession: Sendable {
     private let continuation: AsyncThrowingStream<[UInt8], any Error>.Continuation
     /// Turns the error the stream ends with into the one its consumer expects.
     private let mapError: @Sendable (BlueZError) -> any Error
+    /// When set, every value goes to it, on the thread that read it (the notify reader, or the mirror's task for
+    /// StartNotify), instead of into the stream; the stream then only ends.
+    private let consumer: (@Sendable ([UInt8]) -> Void)?
 
     private struct State: @unchecked Sendable {
         // DispatchSourceRead is thread-safe; it is only touched under the lock here.
@@ -67,9 +70,11 @@ final class NotifySession: Sendable {
 
     init(
         peripheral: BlueZPeripheral, characteristic: BlueZCharacteristic,
-        mapError: @escaping @Sendable (BlueZError) -> any Error = { $0 }
+        mapError: @escaping @Sendable (BlueZError) -> any Error = { $0 },
+        consumer: (@Sendable ([UInt8]) -> Void)? = nil
     ) {
         self.mapError = mapError
+        self.consumer = consumer
         self.peripheral = peripheral
         self.characteristic = characteristic
         self.label = peripheral.label
@@ -113,6 +118,10 @@ final class NotifySession: Sendable {
     /// Queues a value; when the buffer is full the oldest value is dropped, counted, and the first drop of the
     /// stream is logged (a notification is a value, not a state change: there is nothing to resynchronise).
     private func yield(_ value: [UInt8]) {
+        if let consumer {
+            if !state.withLock({ $0.ended }) { consumer(value) }
+            return
+        }
         if case .dropped = continuation.yield(value) {
             let n = drops.value.add(1, ordering: .relaxed).newValue
             if n == 1 || n % 10000 == 0 {

@@ -683,9 +683,15 @@ public final class BlueZPeripheral: Sendable {
     /// `BlueZError` itself, so that a consumer expecting errors of its own can take `BlueZNotifications.stream`
     /// as it is, without relaying every value through a task that converts the error at the end.
     /// - Throws: what `notifications(for:preferAcquire:)` throws (unmapped).
+    ///
+    /// With `consumer`, every value is handed to it on the thread that read it (one thread reads every
+    /// AcquireNotify socket; under StartNotify the mirror's task), in order, instead of being queued in the stream:
+    /// no thread hop per notification. The consumer must not block. The returned stream then carries no values and
+    /// only ends (as above).
     public func notifications(
         for characteristic: BlueZCharacteristic, preferAcquire: Bool = true,
-        mapError: @escaping @Sendable (BlueZError) -> any Error
+        mapError: @escaping @Sendable (BlueZError) -> any Error,
+        consumer: (@Sendable ([UInt8]) -> Void)? = nil
     ) async throws(BlueZError) -> BlueZNotifications {
         let op = "notify \(shortUUID(characteristic.uuid))"
         if let d = disconnection { throw .disconnected(device: label, reason: d) }
@@ -697,7 +703,8 @@ public final class BlueZPeripheral: Sendable {
                     name: "blebridge", message: "the characteristic has no notify or indicate flag"))
         }
         if let existing = state.withLock({ $0.sessions[characteristic.path] }) { await existing.stop() }
-        let session = NotifySession(peripheral: self, characteristic: current, mapError: mapError)
+        let session = NotifySession(
+            peripheral: self, characteristic: current, mapError: mapError, consumer: consumer)
         if preferAcquire, current.notifyAcquireAvailable {
             do {
                 let reply = try await connection.call(

@@ -352,6 +352,20 @@ final class BlueZLink: BLELink {
         }
     }
 
+    func notifications(_ characteristic: BLECharacteristic, deliver: @escaping @Sendable ([UInt8]) -> Void)
+        async throws(BLEError) -> BLENotificationStream
+    {
+        let c = try bluez(characteristic)
+        do {
+            // Values go straight from the notify reader thread to `deliver`; the stream only ends.
+            return try await peripheral.notifications(
+                for: c, mapError: { error in BlueZCentral.classify(error) }, consumer: deliver
+            ).stream
+        } catch {
+            throw BlueZCentral.classify(error)
+        }
+    }
+
     func waitForDisconnection() async -> BLEDisconnection {
         let reason = await peripheral.waitForDisconnection()
         return BLEDisconnection(requested: reason.requested, reason: reason.description)

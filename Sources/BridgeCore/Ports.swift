@@ -250,10 +250,35 @@ public protocol BLELink: AnyObject, Sendable {
     func write(_ characteristic: BLECharacteristic, _ value: [UInt8], withResponse: Bool) async throws(BLEError)
     /// Subscribes to notifications or indications.
     func notifications(_ characteristic: BLECharacteristic) async throws(BLEError) -> BLENotificationStream
+    /// Subscribes and hands every value to `deliver`, in order, on the thread that received it (no task hop per
+    /// value; `deliver` must not block); the returned stream carries no values and only ends, as above. The
+    /// default relays `notifications(_:)` through a task.
+    func notifications(_ characteristic: BLECharacteristic, deliver: @escaping @Sendable ([UInt8]) -> Void)
+        async throws(BLEError) -> BLENotificationStream
     /// Waits until the link ends and says why.
     func waitForDisconnection() async -> BLEDisconnection
     /// Disconnects on purpose (the bridge will not reconnect because of it).
     func disconnect() async
+}
+
+extension BLELink {
+    /// Relays `notifications(_:)` to `deliver` through a task; the returned stream ends when that one does.
+    public func notifications(_ characteristic: BLECharacteristic, deliver: @escaping @Sendable ([UInt8]) -> Void)
+        async throws(BLEError) -> BLENotificationStream
+    {
+        let values = try await notifications(characteristic)
+        let (ends, continuation) = BLENotificationStream.makeStream()
+        let relay = Task {
+            do {
+                for try await value in values { deliver(value) }
+                continuation.finish()
+            } catch {
+                continuation.finish(throwing: error)
+            }
+        }
+        continuation.onTermination = { _ in relay.cancel() }
+        return ends
+    }
 }
 
 /// The BLE central the bridge drives.

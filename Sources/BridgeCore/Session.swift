@@ -347,7 +347,8 @@ extension Bridge {
         var streams: [(BLECharacteristic, BLENotificationStream)] = []
         for c in chosen {
             do {
-                streams.append((c, try await link.notifications(c)))
+                // Values are handled where they are read: no hop per notification.
+                streams.append((c, try await link.notifications(c, deliver: { self.handleNotification(r, c, $0) })))
             } catch {
                 if Task.isCancelled {
                     await uncancelled { await link.disconnect() }
@@ -404,9 +405,8 @@ extension Bridge {
             tasks.append(
                 Task {
                     do {
-                        for try await value in values {
-                            self.handleNotification(r, c, value)
-                        }
+                        // The values went to handleNotification as they came; this only waits for the end.
+                        for try await _ in values {}
                         if !Task.isCancelled { endsContinuation.yield(.subscriptionEnded(c.uuid, "stream finished")) }
                     } catch let error as BLEError where error.kind == .disconnected {
                         // The link went (the real bluetoothd closes the notify socket before it signals
