@@ -98,6 +98,7 @@ final class NotifySocketReader: Sendable {
         var fds: [pollfd] = []
         var generation = -1
         var buffer = [UInt8](repeating: 0, count: 256)
+        var lastWake = Self.monotonicNanoseconds()
         while true {
             // Removed sockets are closed here, between handler runs, and the poll set follows the registrations.
             let (closing, current, registered) = state.withLock { s -> ([Int32], Int, [Int32]?) in
@@ -120,10 +121,32 @@ final class NotifySocketReader: Sendable {
             if fds[0].revents != 0 {
                 while read(wakeRead, &buffer, buffer.count) == buffer.count {}
             }
+            let wake = Self.monotonicNanoseconds()
             for index in 1..<fds.count where fds[index].revents != 0 {
                 if let handler = state.withLock({ $0.handlers[fds[index].fd] }) { handler() }
             }
+            // Under load (woken again within 2 ms), gather for the rest of a millisecond before the next round, so
+            // that one wake-up serves every notification of that millisecond instead of one each (at 5,000/s, 5
+            // per round). It adds at most 1 ms to a notification's way; at low rates nothing waits.
+            if wake &- lastWake < 2_000_000 {
+                let spent = Self.monotonicNanoseconds() &- wake
+                if spent < Self.gatherNanoseconds {
+                    var pause = timespec(tv_sec: 0, tv_nsec: Int(Self.gatherNanoseconds &- spent))
+                    var left = timespec()
+                    while nanosleep(&pause, &left) != 0 && errno == EINTR { pause = left }
+                }
+            }
+            lastWake = wake
         }
+    }
+
+    /// How long a round under load gathers notifications (see `run`).
+    static let gatherNanoseconds: UInt64 = 1_000_000
+
+    private static func monotonicNanoseconds() -> UInt64 {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        return UInt64(now.tv_sec) &* 1_000_000_000 &+ UInt64(now.tv_nsec)
     }
 }
 
