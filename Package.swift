@@ -31,13 +31,14 @@ let package = Package(
         .systemLibrary(name: "CMosquitto", pkgConfig: "libmosquitto", providers: [.apt(["libmosquitto-dev"])]),
         .systemLibrary(name: "CYAML", pkgConfig: "yaml-0.1", providers: [.apt(["libyaml-dev"])]),
         .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
+        .systemLibrary(name: "CLinux"),  // glibc's own headers (libc6-dev) that the Glibc module leaves out
         .systemLibrary(name: "CMicroHTTPD", pkgConfig: "libmicrohttpd", providers: [.apt(["libmicrohttpd-dev"])]),
 
         // Swift layers.
         .target(name: "Logging"),
         .target(name: "Signals"),
         .target(name: "DBus", dependencies: ["CDBus"]),
-        .target(name: "BlueZ", dependencies: ["DBus", "Logging"]),
+        .target(name: "BlueZ", dependencies: ["DBus", "Logging", "CLinux"]),
         .target(name: "MQTT", dependencies: ["CMosquitto", "Logging"]),
         .target(name: "GATT"),
         .target(name: "GATTCrypto", dependencies: ["GATT", "CCrypto"]),

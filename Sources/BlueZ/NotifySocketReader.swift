@@ -1,6 +1,8 @@
-// One thread that reads every AcquireNotify socket: a poll(2) loop that calls each socket's handler when it is
+// One thread that reads every AcquireNotify socket: an epoll(7) loop that calls each socket's handler when it is
 // readable. A dispatch read source per socket costs two thread wake-ups per notification (libdispatch's manager
-// thread sees the event, then a worker runs the handler); here the reading thread is the one the kernel wakes.
+// thread sees the event, then a worker runs the handler); here the reading thread is the one the kernel wakes, and
+// a wake-up costs the same with 100 sockets registered as with one (poll(2) scanned them all every time).
+internal import CLinux
 import Synchronization
 
 #if canImport(Glibc)
@@ -19,8 +21,7 @@ final class NotifySocketReader: Sendable {
     private struct State {
         var handlers: [Int32: @Sendable () -> Void] = [:]
         var closing: [Int32] = []
-        /// Bumped by every registration change: the reader rebuilds its poll set when it moved.
-        var generation = 0
+        var epoll: Int32 = -1
         var wakeRead: Int32 = -1
         var wakeWrite: Int32 = -1
         var started = false
@@ -29,18 +30,19 @@ final class NotifySocketReader: Sendable {
 
     private init() {}
 
-    /// Registers `fd` (non-blocking) and its handler. Returns false when the reader cannot take it (no thread or
-    /// wake-up socket to be had); the caller then reads the socket another way.
+    /// Registers `fd` (non-blocking) and its handler. Returns false when the reader cannot take it (no thread,
+    /// epoll instance or wake-up socket to be had); the caller then reads the socket another way.
     func add(_ fd: Int32, handler: @escaping @Sendable () -> Void) -> Bool {
-        let wake = state.withLock { s -> Int32? in
-            guard Self.startIfNeeded(&s, self) else { return nil }
+        state.withLock { s -> Bool in
+            guard Self.startIfNeeded(&s, self) else { return false }
             s.handlers[fd] = handler
-            s.generation &+= 1
-            return s.wakeWrite
+            // Under the lock, so that a remove of the same descriptor cannot run in between.
+            guard Self.watch(s.epoll, fd) else {
+                s.handlers[fd] = nil
+                return false
+            }
+            return true
         }
-        guard let wake else { return false }
-        Self.poke(wake)
-        return true
     }
 
     /// Stops calling `fd`'s handler and closes `fd` (on the reader thread). Idempotent per registration.
@@ -48,7 +50,6 @@ final class NotifySocketReader: Sendable {
         let wake = state.withLock { s -> Int32? in
             guard s.handlers.removeValue(forKey: fd) != nil else { return nil }
             s.closing.append(fd)
-            s.generation &+= 1
             return s.wakeWrite
         }
         if let wake { Self.poke(wake) }
@@ -59,12 +60,31 @@ final class NotifySocketReader: Sendable {
         _ = write(fd, &one, 1)
     }
 
-    /// Creates the wake-up socket pair and the thread, once.
+    /// Adds `fd` to the epoll set, readable events.
+    private static func watch(_ epoll: Int32, _ fd: Int32) -> Bool {
+        var event = epoll_event()
+        event.events = EPOLLIN.rawValue
+        event.data.fd = fd
+        return epoll_ctl(epoll, EPOLL_CTL_ADD, fd, &event) == 0
+    }
+
+    /// Creates the epoll instance, the wake-up socket pair and the thread, once.
     private static func startIfNeeded(_ s: inout State, _ reader: NotifySocketReader) -> Bool {
         if s.started { return true }
+        let epoll = epoll_create1(Int32(EPOLL_CLOEXEC))
+        guard epoll >= 0 else { return false }
         var fds: [Int32] = [-1, -1]
         let type = Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue)
-        guard socketpair(AF_UNIX, type, 0, &fds) == 0 else { return false }
+        guard socketpair(AF_UNIX, type, 0, &fds) == 0 else {
+            close(epoll)
+            return false
+        }
+        guard watch(epoll, fds[0]) else {
+            close(epoll)
+            close(fds[0])
+            close(fds[1])
+            return false
+        }
         var attributes = pthread_attr_t()
         pthread_attr_init(&attributes)
         pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
@@ -80,10 +100,12 @@ final class NotifySocketReader: Sendable {
             }, context)
         guard rc == 0 else {
             Unmanaged<NotifySocketReader>.fromOpaque(context).release()
+            close(epoll)
             close(fds[0])
             close(fds[1])
             return false
         }
+        s.epoll = epoll
         s.wakeRead = fds[0]
         s.wakeWrite = fds[1]
         s.started = true
@@ -94,36 +116,38 @@ final class NotifySocketReader: Sendable {
     /// life of the process (the shared reader is never freed).
     private func run() {
         nameCurrentThread("bluez-notify")
-        let wakeRead = state.withLock { $0.wakeRead }
-        var fds: [pollfd] = []
-        var generation = -1
+        let (epoll, wakeRead) = state.withLock { ($0.epoll, $0.wakeRead) }
+        var events = [epoll_event](repeating: epoll_event(), count: 64)
         var buffer = [UInt8](repeating: 0, count: 256)
         var lastWake = Self.monotonicNanoseconds()
         while true {
-            // Removed sockets are closed here, between handler runs, and the poll set follows the registrations.
-            let (closing, current, registered) = state.withLock { s -> ([Int32], Int, [Int32]?) in
+            // Removed sockets leave the set and are closed here, between handler runs.
+            let closing = state.withLock { s -> [Int32] in
                 defer { s.closing = [] }
-                return (s.closing, s.generation, s.generation == generation ? nil : Array(s.handlers.keys))
+                return s.closing
             }
-            for fd in closing { close(fd) }
-            if let registered {
-                fds = [pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0)]
-                for fd in registered { fds.append(pollfd(fd: fd, events: Int16(POLLIN), revents: 0)) }
-                generation = current
+            for fd in closing {
+                _ = epoll_ctl(epoll, EPOLL_CTL_DEL, fd, nil)
+                close(fd)
             }
-            let n = poll(&fds, nfds_t(fds.count), -1)
+            let n = events.withUnsafeMutableBufferPointer {
+                epoll_wait(epoll, $0.baseAddress, Int32($0.count), -1)
+            }
             if n < 0 {
                 if errno == EINTR { continue }
-                // Not expected with valid descriptors; do not spin.
+                // Not expected with a valid epoll instance; do not spin.
                 usleep(10_000)
                 continue
             }
-            if fds[0].revents != 0 {
-                while read(wakeRead, &buffer, buffer.count) == buffer.count {}
-            }
             let wake = Self.monotonicNanoseconds()
-            for index in 1..<fds.count where fds[index].revents != 0 {
-                if let handler = state.withLock({ $0.handlers[fds[index].fd] }) { handler() }
+            for index in 0..<Int(n) {
+                let fd = events[index].data.fd
+                if fd == wakeRead {
+                    while read(wakeRead, &buffer, buffer.count) == buffer.count {}
+                    continue
+                }
+                // A descriptor removed in this round is no longer looked up (its handler is gone).
+                if let handler = state.withLock({ $0.handlers[fd] }) { handler() }
             }
             // Under load (woken again within 2 ms), gather for the rest of a millisecond before the next round, so
             // that one wake-up serves every notification of that millisecond instead of one each (at 5,000/s, 5

@@ -123,7 +123,7 @@ struct Daemon {
     func hostName() -> String {
         var buffer = [CChar](repeating: 0, count: 256)
         guard gethostname(&buffer, buffer.count - 1) == 0 else { return "blebridge" }
-        let name = String(cString: buffer)
+        let name = buffer.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
         return name.isEmpty ? "blebridge" : name
     }
 }
@@ -169,7 +169,7 @@ func processStatistics() -> [(String, JSONValue)] {
         defer { fclose(status) }
         var line = [CChar](repeating: 0, count: 256)
         while fgets(&line, Int32(line.count), status) != nil {
-            let text = String(cString: line)
+            let text = line.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
             for (key, name) in [("VmRSS:", "rss_kb"), ("VmHWM:", "peak_rss_kb"), ("Threads:", "threads")]
             where text.hasPrefix(key) {
                 let digits = text.dropFirst(key.count).filter(\.isNumber)
