@@ -25,8 +25,20 @@ final class NotifySocketReader: Sendable {
         var wakeRead: Int32 = -1
         var wakeWrite: Int32 = -1
         var started = false
+        var observers: [Int: BlueZNotificationRounds.Observer] = [:]
+        var nextObserver = 0
     }
     private let state = Mutex(State())
+
+    func addObserver(_ observer: BlueZNotificationRounds.Observer) -> Int {
+        state.withLock { s in
+            s.nextObserver += 1
+            s.observers[s.nextObserver] = observer
+            return s.nextObserver
+        }
+    }
+
+    func removeObserver(_ id: Int) { _ = state.withLock { $0.observers.removeValue(forKey: id) } }
 
     private init() {}
 
@@ -140,6 +152,10 @@ final class NotifySocketReader: Sendable {
                 continue
             }
             let wake = Self.monotonicNanoseconds()
+            // Under load (woken again within 2 ms) the round is a gathering one: observers hear of it around it.
+            let busy = wake &- lastWake < 2_000_000
+            let observers = busy ? state.withLock { Array($0.observers.values) } : []
+            for o in observers { o.begin() }
             for index in 0..<Int(n) {
                 let fd = events[index].data.fd
                 if fd == wakeRead {
@@ -149,10 +165,11 @@ final class NotifySocketReader: Sendable {
                 // A descriptor removed in this round is no longer looked up (its handler is gone).
                 if let handler = state.withLock({ $0.handlers[fd] }) { handler() }
             }
-            // Under load (woken again within 2 ms), gather for the rest of a millisecond before the next round, so
-            // that one wake-up serves every notification of that millisecond instead of one each (at 5,000/s, 5
-            // per round). It adds at most 1 ms to a notification's way; at low rates nothing waits.
-            if wake &- lastWake < 2_000_000 {
+            for o in observers { o.end() }
+            // Under load, gather for the rest of a millisecond before the next round, so that one wake-up serves
+            // every notification of that millisecond instead of one each (at 5,000/s, 5 per round). It adds at
+            // most 1 ms to a notification's way; at low rates nothing waits.
+            if busy {
                 let spent = Self.monotonicNanoseconds() &- wake
                 if spent < Self.gatherNanoseconds {
                     var pause = timespec(tv_sec: 0, tv_nsec: Int(Self.gatherNanoseconds &- spent))
@@ -172,6 +189,31 @@ final class NotifySocketReader: Sendable {
         clock_gettime(CLOCK_MONOTONIC, &now)
         return UInt64(now.tv_sec) &* 1_000_000_000 &+ UInt64(now.tv_nsec)
     }
+}
+
+/// Rounds of notification delivery under load: the notify reader thread, woken again within 2 ms of its last
+/// wake-up, delivers every value that is ready in one round and then gathers for the rest of a millisecond. An
+/// observer hears `begin` before and `end` after each such round, on that thread, so that what the consumers do
+/// per value can be batched per round (the bridge corks its MQTT socket: one TCP segment for the round's
+/// publishes instead of one each). Both must be quick and must not block.
+public enum BlueZNotificationRounds {
+    /// Called around each round under load.
+    public struct Observer: Sendable {
+        let begin: @Sendable () -> Void
+        let end: @Sendable () -> Void
+
+        /// An observer calling `begin` before and `end` after each round.
+        public init(begin: @escaping @Sendable () -> Void, end: @escaping @Sendable () -> Void) {
+            self.begin = begin
+            self.end = end
+        }
+    }
+
+    /// Registers an observer; the returned token removes it.
+    public static func observe(_ observer: Observer) -> Int { NotifySocketReader.shared.addObserver(observer) }
+
+    /// Removes an observer registered with `observe`.
+    public static func stopObserving(_ token: Int) { NotifySocketReader.shared.removeObserver(token) }
 }
 
 /// Names the calling thread (as shown in /proc and by ps/top; at most 15 bytes). Glibc declares

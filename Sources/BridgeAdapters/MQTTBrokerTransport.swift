@@ -55,6 +55,12 @@ public final class MQTTBrokerTransport: MQTTTransport {
         isV5 = configuration.protocolVersion == .v5
     }
 
+    /// `MQTTClient.holdWrites()`: the messages published until `releaseWrites()` leave together.
+    public func holdWrites() { client.holdWrites() }
+
+    /// `MQTTClient.releaseWrites()`.
+    public func releaseWrites() { client.releaseWrites() }
+
     /// Publishes (or queues) without waiting.
     public func publish(_ message: BridgeOutgoingMessage) throws(BridgeTransportError) {
         var properties = MQTTPublishProperties()

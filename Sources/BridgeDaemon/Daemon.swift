@@ -262,6 +262,9 @@ func startParts(
         logger.error("configuration: \(error)")
         return .failure(StartFailure(code: ExitCode.configError))
     }
+    // A round of notifications under load is published as one batch of TCP segments.
+    _ = BlueZNotificationRounds.observe(
+        .init(begin: { transport.holdWrites() }, end: { transport.releaseWrites() }))
     let central: BlueZCentral
     do {
         central = try BlueZCentral(logger: logger)

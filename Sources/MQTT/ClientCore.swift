@@ -167,8 +167,8 @@ final class ClientCore: Sendable {
     /// TLS one SSL object must not be read and written at once, so there the loop thread does both
     /// (`mosquitto_loop`, as before).
     private let writesFromCaller: Bool
-    private let pokeRead: Int32
-    private let pokeWrite: Int32
+    /// The loop thread's wake-up pair (plain TCP), open while the loop thread runs: (read end, write end).
+    private let pokePair = Mutex<(Int32, Int32)>((-1, -1))
     /// The loop thread, once it runs: it never writes from inside a callback (libmosquitto holds its callback
     /// mutex there, which the write path's "sent" callback takes again).
     private let loopThread = Mutex<pthread_t?>(nil)
@@ -182,22 +182,9 @@ final class ClientCore: Sendable {
         handle = try MosquittoHandle(clientID: configuration.clientID, cleanSession: configuration.cleanSession)
         window = configuration.maxInflightMessages
         isV5 = configuration.protocolVersion == .v5
-        var pair: [Int32] = [-1, -1]
-        let type = Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue)
-        if !configuration.broker.usesTLS && socketpair(AF_UNIX, type, 0, &pair) == 0 {
-            writesFromCaller = true
-        } else {
-            writesFromCaller = false
-        }
-        pokeRead = pair[0]
-        pokeWrite = pair[1]
+        writesFromCaller = !configuration.broker.usesTLS
         mosquitto_user_data_set(handle.raw, Unmanaged.passUnretained(self).toOpaque())
         installCallbacks()
-    }
-
-    deinit {
-        if pokeRead >= 0 { close(pokeRead) }
-        if pokeWrite >= 0 { close(pokeWrite) }
     }
 
     private var brokerName: String { configuration.broker.description }
@@ -349,6 +336,23 @@ final class ClientCore: Sendable {
 
     private func runLoop(connectProperties: MosquittoProperties) {
         loopThread.withLock { $0 = pthread_self() }
+        var useOwnLoop = writesFromCaller
+        if useOwnLoop {
+            var pair: [Int32] = [-1, -1]
+            let type = Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue)
+            if socketpair(AF_UNIX, type, 0, &pair) == 0 {
+                pokePair.withLock { $0 = (pair[0], pair[1]) }
+            } else {
+                useOwnLoop = false  // no wake-up pair to be had: libmosquitto's own loop, as under TLS
+            }
+        }
+        defer {
+            pokePair.withLock { pair in
+                if pair.0 >= 0 { close(pair.0) }
+                if pair.1 >= 0 { close(pair.1) }
+                pair = (-1, -1)
+            }
+        }
         let raw = handle.raw
         let config = configuration
         let keepAlive = Int32(config.keepAlive.components.seconds)
@@ -372,7 +376,7 @@ final class ClientCore: Sendable {
                 rc = mosquitto_reconnect(raw)
             }
             if rc == Mosquitto.success {
-                if writesFromCaller {
+                if useOwnLoop {
                     rc = serviceConnection(raw)
                 } else {
                     repeat {
@@ -414,6 +418,7 @@ final class ClientCore: Sendable {
     /// libmosquitto's timers. Returns libmosquitto's reason for the end.
     private func serviceConnection(_ raw: OpaquePointer) -> Int32 {
         var drain = [UInt8](repeating: 0, count: 64)
+        let pokeRead = pokePair.withLock { $0.0 }
         callerWriteFailure.store(0, ordering: .relaxed)
         while !stopping {
             let socket = mosquitto_socket(raw)
@@ -450,11 +455,25 @@ final class ClientCore: Sendable {
         return Mosquitto.success
     }
 
+    /// Corks (`true`) or uncorks the broker socket (TCP_CORK, tcp(7)): while corked, what is written waits in the
+    /// socket (at most 200 ms, the kernel's bound) and leaves in full segments when uncorked. Plain TCP only.
+    func cork(_ on: Bool) {
+        guard writesFromCaller else { return }
+        let socket = mosquitto_socket(handle.raw)
+        guard socket >= 0 else { return }
+        var value: Int32 = on ? 1 : 0
+        _ = setsockopt(socket, Int32(IPPROTO_TCP), TCP_CORK, &value, socklen_t(MemoryLayout<Int32>.size))
+    }
+
     /// Wakes the loop thread out of its poll (plain TCP only; under TLS libmosquitto's own pair does it).
     private func poke() {
         guard writesFromCaller else { return }
-        var one: UInt8 = 1
-        _ = write(pokeWrite, &one, 1)
+        // Under the lock: the pair is closed (and its numbers free for reuse) only under it.
+        pokePair.withLock { pair in
+            guard pair.1 >= 0 else { return }
+            var one: UInt8 = 1
+            _ = write(pair.1, &one, 1)
+        }
     }
 
     /// After handing libmosquitto a packet: on plain TCP, writes it out from this thread (no loop wake-up per

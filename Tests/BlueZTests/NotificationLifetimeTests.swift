@@ -2,6 +2,7 @@
 // the link stays up (and re-subscribing), and waits and connects that are cancelled. Faults come from bluez-sim.
 import DBus
 import Foundation
+import Synchronization
 import TestSupport
 import Testing
 
@@ -40,6 +41,64 @@ func streamEnd(_ iterator: inout BlueZNotifications.AsyncIterator) async -> Blue
         }
         #expect(got == [[], [0x00, 0x48], [], []])
         #expect(p.isConnected)
+        await p.disconnect()
+    }
+
+    /// With a consumer, every value of a burst reaches it in order (straight from the reader thread); the stream
+    /// carries none and only ends. Under such load the reader delivers in rounds, each announced to observers.
+    @Test func consumerGetsEveryValueInOrderAndRoundsUnderLoadAreObserved() async throws {
+        let t = try await SimClient()
+        let p = try await t.connect()
+        let hr = try p.characteristic("2A37")
+        struct Rounds {
+            var begun = 0
+            var ended = 0
+            var open = false
+            var nested = false
+        }
+        let rounds = Mutex(Rounds())
+        let token = BlueZNotificationRounds.observe(
+            .init(
+                begin: {
+                    rounds.withLock {
+                        if $0.open { $0.nested = true }
+                        $0.open = true
+                        $0.begun += 1
+                    }
+                },
+                end: {
+                    rounds.withLock {
+                        $0.open = false
+                        $0.ended += 1
+                    }
+                }))
+        defer { BlueZNotificationRounds.stopObserving(token) }
+        let got = Mutex<[UInt32]>([])
+        let values = try await p.notifications(
+            for: hr, mapError: { $0 },
+            consumer: { v in
+                guard v.count == 4 else { return }
+                let n = UInt32(v[0]) | UInt32(v[1]) << 8 | UInt32(v[2]) << 16 | UInt32(v[3]) << 24
+                got.withLock { $0.append(n) }
+            })
+        try await eventually(10, "NotifyAcquired") { p.refreshed(hr)?.notifyAcquireAvailable == true }
+        _ = try await t.simulator("Burst", [.string(strap), .string("2A37"), .uint32(200)])
+        try await eventually(20, "200 values at the consumer") { got.withLock { $0.count } == 200 }
+        let sequence = got.withLock { $0 }
+        #expect(zip(sequence, sequence.dropFirst()).allSatisfy { $1 == $0 &+ 1 })
+        // Load: notifications every 0.5 ms wake the reader again within 2 ms, so it delivers in rounds.
+        _ = try await t.simulator("SetNotificationRate", [.string(strap), .string("2A37"), .double(2000)])
+        try await eventually(10, "a round under load") { rounds.withLock { $0.begun } > 0 }
+        _ = try await t.simulator("SetNotificationRate", [.string(strap), .string("2A37"), .double(0)])
+        #expect(!rounds.withLock { $0.nested })
+        // The stream held no values: stopped, it ends at once, empty.
+        await p.stopNotifications(for: hr)
+        let rest = try await within(5, "the stream's end") {
+            var count = 0
+            for try await _ in values { count += 1 }
+            return count
+        }
+        #expect(rest == 0)
         await p.disconnect()
     }
 
