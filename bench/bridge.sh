@@ -157,10 +157,16 @@ run_scenario() {
     local key=seq,probe_us probe=()
     [ "$kind" = passive ] && key=packet_id,measurement_sequence
     [ "$kind" = notify ] && probe=(--probe-address C0:00:00:00:0F:FF --probe-uuid 6e40aa02-b5a3-f393-e0a9-e50e24dcca9e)
+    # Steal time (CPU the hypervisor gave to other guests) over the window: on a shared host it is why the same
+    # build measures differently from run to run, so it is printed with the figures.
+    local steal0
+    steal0="$(awk '/^cpu /{print $9}' /proc/stat)"
     "$WORK/bridge-sub" --port "$PORT" --topic 'blebridge/+' --key "$key" --devices "$n" --settle 2 \
         --window "$window" --grace 1.5 --wait-timeout 40 --bus "$address" --out "$dir/sub.rec" \
         --pid "bridge=$bridge" --pid "sim=$sim" --pid "broker=$BROKER" "${refargs[@]}" "${probe[@]}" >"$dir/samples"
 
+    echo "-- $name: host steal during the window: $(awk -v s0="$steal0" -v hz="$(getconf CLK_TCK)" \
+        '/^cpu /{printf "%.1f", ($9 - s0) / hz}' /proc/stat) s of CPU" >&2
     local alive=1
     kill -0 "$bridge" 2>/dev/null || alive=0
     # Which threads the bridge has at the end of the window, by name.
