@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The bridge under load: release builds of blebridge and bluez-sim, a private mosquitto on a free loopback port, and
-# per scenario a fresh bluez-sim on its own private bus plus `blebridge run` (config and scenario written by
+# The bridge under load: the shipped blebridge (deploy/build-release.sh), a release bluez-sim, a private mosquitto
+# on a free loopback port, and per scenario a fresh bluez-sim on its own private bus plus `blebridge run` (config and scenario written by
 # bench/bridge-gen.py). bench/bridge-sub.c (libmosquitto) subscribes to blebridge/+, runs the measurement window and
 # samples /proc/PID/stat (utime+stime), VmHWM and Threads of the bridge, the simulator and the broker;
 # bench/bridge-report.py turns the records into figures and prints the table at the end.

@@ -1,7 +1,10 @@
 // The real clock, and ISO-8601 text for `last_seen`.
-import FoundationEssentials
+#if canImport(Glibc)
+    import Glibc
+#endif
 
-/// The system clock: monotonic `now` from `ContinuousClock`, wall time from `Date`.
+/// The system clock: monotonic `now` from `ContinuousClock`, wall time from `clock_gettime(CLOCK_REALTIME)` (no
+/// Foundation in the daemon: it would add its code and start-up work to every process for one call).
 public struct SystemBridgeClock: BridgeClock {
     let origin = ContinuousClock.now
 
@@ -12,7 +15,11 @@ public struct SystemBridgeClock: BridgeClock {
     public var now: Duration { ContinuousClock.now - origin }
 
     /// Seconds since 1970.
-    public var wallClock: Double { Date().timeIntervalSince1970 }
+    public var wallClock: Double {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        return Double(now.tv_sec) + Double(now.tv_nsec) / 1_000_000_000
+    }
 
     /// Sleeps until `deadline`.
     public func sleep(until deadline: Duration) async throws {

@@ -3,7 +3,6 @@ import BlueZ
 import BridgeAdapters
 import BridgeCore
 import BridgeKit
-import FoundationEssentials
 import GATTCrypto
 import Logging
 
