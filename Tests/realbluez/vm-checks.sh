@@ -285,21 +285,40 @@ if [ -n "$BRIDGE_PID" ]; then
 
     # SIGKILL: bluetoothd keeps the dead client's link (the peer stays connected and does not advertise); the
     # bridge started again takes the link over and streams.
-    kill -KILL "$BRIDGE_PID"
-    wait "$BRIDGE_PID" 2>/dev/null
-    sleep 1
-    kept=$(bluetoothctl info "$PEER_ADDR" 2>/dev/null | grep -c 'Connected: yes')
-    m=$(mark)
-    "$BLEBRIDGE" run --config /tmp/run.yaml --log-level debug > "$OUT/checks/run-again.log" 2>&1 &
-    BRIDGE_PID=$!
-    s=$(date +%s.%N)
+    #
+    # bluetoothd 5.66 itself can crash here: when a client holding AcquireNotify sockets dies, it may free the
+    # client on the bus disconnect and then touch it again when the socket hangs up (a use-after-free in
+    # src/gatt-client.c, fixed upstream by bluez/bluez PR #1784, "gatt-client: prevent use-after-free when clients
+    # disconnect"). Whether it crashes depends on whether the freed memory was reused. Only when bluetoothd died
+    # that way is it started again, the bridge let stream again, and the SIGKILL repeated (at most twice); the
+    # result says so.
+    crashes=0
     again() { streaming_after "$m"; }
-    if wait_for 90 again; then
+    while true; do
+        kill -KILL "$BRIDGE_PID"
+        wait "$BRIDGE_PID" 2>/dev/null
+        sleep 1
+        kept=$(bluetoothctl info "$PEER_ADDR" 2>/dev/null | grep -c 'Connected: yes')
+        m=$(mark)
+        "$BLEBRIDGE" run --config /tmp/run.yaml --log-level debug >> "$OUT/checks/run-again.log" 2>&1 &
+        BRIDGE_PID=$!
+        s=$(date +%s.%N)
+        if wait_for 90 again; then taken=1; else taken=0; fi
+        if [ "$taken" = 1 ] || kill -0 "$BLUETOOTHD_PID" 2>/dev/null || [ "$crashes" -ge 2 ]; then break; fi
+        crashes=$((crashes + 1))
+        note "bluetoothd died during the SIGKILL check (crash $crashes; see bluetoothd.log); starting it again"
+        start_bluetoothd
+        m=$(mark)
+        wait_for 45 restarted && wait_for 120 again
+    done
+    crashed=""
+    [ "$crashes" -gt 0 ] && crashed="; bluetoothd 5.66 crashed $crashes time(s) on the killed client's sockets (bluez PR #1784) and the check was repeated"
+    if [ "$taken" = 1 ]; then
         took=$(awk -v a="$s" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
         how="link kept by bluetoothd: $([ "$kept" = 1 ] && echo yes || echo no); $(grep -c 'taking it over' "$OUT/checks/run-again.log") take-over"
-        result PASS run-takes-over-after-sigkill "streaming again ${took} s after the restart ($how)"
+        result PASS run-takes-over-after-sigkill "streaming again ${took} s after the restart ($how$crashed)"
     else
-        run_failed run-takes-over-after-sigkill "after SIGKILL and a restart (link kept: $kept): no new counter values; run-again.log: $(tail -2 "$OUT/checks/run-again.log" | tr '\n' ' ')"
+        run_failed run-takes-over-after-sigkill "after SIGKILL and a restart (link kept: $kept$crashed): no new counter values; run-again.log: $(tail -2 "$OUT/checks/run-again.log" | tr '\n' ' ')"
     fi
     note "run: SIGKILL and restart done"
 
