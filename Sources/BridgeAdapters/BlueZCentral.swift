@@ -340,31 +340,30 @@ final class BlueZLink: BLELink {
     }
 
     func notifications(_ characteristic: BLECharacteristic) async throws(BLEError) -> BLENotificationStream {
+        try await subscribe(characteristic, consumer: nil)
+    }
+
+    func notifications(_ characteristic: BLECharacteristic, deliver: @escaping @Sendable ([UInt8]) -> Void)
+        async throws(BLEError) -> BLENotificationStream
+    {
+        try await subscribe(characteristic, consumer: deliver)
+    }
+
+    /// The session's own stream, its end error already classified: no relay task per subscription. With a
+    /// consumer, values go straight from the notify reader thread to it and the stream only ends.
+    private func subscribe(_ characteristic: BLECharacteristic, consumer: (@Sendable ([UInt8]) -> Void)?)
+        async throws(BLEError) -> BLENotificationStream
+    {
         let c = try bluez(characteristic)
         do {
-            // The session's own stream, its end error already classified: no relay task per subscription.
             return try await peripheral.notifications(
-                for: c,
-                mapError: { error in BlueZCentral.classify(error) }
+                for: c, mapError: { error in BlueZCentral.classify(error) }, consumer: consumer
             ).stream
         } catch {
             throw BlueZCentral.classify(error)
         }
     }
 
-    func notifications(_ characteristic: BLECharacteristic, deliver: @escaping @Sendable ([UInt8]) -> Void)
-        async throws(BLEError) -> BLENotificationStream
-    {
-        let c = try bluez(characteristic)
-        do {
-            // Values go straight from the notify reader thread to `deliver`; the stream only ends.
-            return try await peripheral.notifications(
-                for: c, mapError: { error in BlueZCentral.classify(error) }, consumer: deliver
-            ).stream
-        } catch {
-            throw BlueZCentral.classify(error)
-        }
-    }
 
     func waitForDisconnection() async -> BLEDisconnection {
         let reason = await peripheral.waitForDisconnection()

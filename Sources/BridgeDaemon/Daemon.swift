@@ -32,6 +32,10 @@ struct Daemon {
         case .failure(let exit): return exit.code
         case .success(let parts): (transport, central) = parts
         }
+        // A round of notifications under load leaves for the broker together (the MQTT socket corked around it).
+        let rounds = BlueZNotificationRounds.observe(
+            .init(begin: { transport.holdWrites() }, end: { transport.releaseWrites() }))
+        defer { BlueZNotificationRounds.stopObserving(rounds) }
         let path = configPath
         if let stateDirectory { mkdir(stateDirectory, 0o700) }
         var mqtt: any MQTTTransport = transport
@@ -262,9 +266,6 @@ func startParts(
         logger.error("configuration: \(error)")
         return .failure(StartFailure(code: ExitCode.configError))
     }
-    // A round of notifications under load is published as one batch of TCP segments.
-    _ = BlueZNotificationRounds.observe(
-        .init(begin: { transport.holdWrites() }, end: { transport.releaseWrites() }))
     let central: BlueZCentral
     do {
         central = try BlueZCentral(logger: logger)
