@@ -32,8 +32,6 @@ public final class BlueZClient: Sendable {
     public let bus: BlueZBus
     /// The logger given at creation.
     public let logger: BlueZLogger
-    let capacity = Atomic<Int>(65536)
-    let resyncCount = Atomic<Int>(0)
     /// The client's current bus connection (replaced when the bus comes back after being lost).
     var connection: DBusConnection { core.withLock { $0.connection } }
 
@@ -44,7 +42,11 @@ public final class BlueZClient: Sendable {
         var settled = false
         /// True once the current owner's tree is loaded.
         var loaded = false
-        var subscribers: [UInt64: @Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void] = [:]
+        /// The subscribers in the order they subscribed (`handlers` is the same list, kept for each signal).
+        var subscribers: [(id: UInt64, handler: @Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void)] = [] {
+            didSet { handlers = subscribers.map(\.handler) }
+        }
+        private(set) var handlers: [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void] = []
         var nextID: UInt64 = 0
         var pump: Task<Void, Never>?
         var closed = false
@@ -178,7 +180,7 @@ public final class BlueZClient: Sendable {
         logger.info("bluetoothd (org.bluez) is not on the bus")
         let handlers = core.withLock { core -> [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void] in
             core.settled = true
-            return Array(core.subscribers.values)
+            return core.handlers
         }
         settled.complete(true)
         let tree = self.tree
@@ -191,7 +193,7 @@ public final class BlueZClient: Sendable {
             core.tree.load(managedObjects: reply.first ?? .array("a{oa{sa{sv}}}", []))
             core.settled = true
             core.loaded = true
-            return Array(core.subscribers.values)
+            return core.handlers
         }
         let tree = self.tree
         logger.debug("loaded BlueZ's object tree: \(tree.adapters.count) adapter(s), \(tree.devices.count) device(s)")
@@ -209,7 +211,7 @@ public final class BlueZClient: Sendable {
             core.owner = nil
             core.loaded = false
             if busLost { core.busLost = true }
-            return (previous, Array(core.subscribers.values), hadOwner)
+            return (previous, core.handlers, hadOwner)
         }
         if busLost {
             logger.error(
@@ -229,7 +231,7 @@ public final class BlueZClient: Sendable {
             let old = core.connection
             core.connection = connection
             core.busLost = false
-            return (old, Array(core.subscribers.values))
+            return (old, core.handlers)
         }
         Task { await old.closeAndWait() }
         logger.info("reconnected to the D-Bus system bus as \(connection.uniqueName)")
@@ -239,64 +241,11 @@ public final class BlueZClient: Sendable {
 
     fileprivate var isClosed: Bool { core.withLock { $0.closed } }
 
-    /// How many of bluetoothd's signals may wait for the mirror; beyond that they are dropped and the mirror
-    /// resynchronises from GetManagedObjects. Set before `start()`.
-    public var signalBufferCapacity: Int {
-        get { capacity.load(ordering: .relaxed) }
-        set { capacity.store(max(1, newValue), ordering: .relaxed) }
-    }
-
-    /// Times the mirror resynchronised after dropped signals.
-    public var resynchronisations: Int { resyncCount.load(ordering: .relaxed) }
-
-    /// Replaces the mirror with a fresh GetManagedObjects and tells subscribers the difference, as if the dropped
-    /// signals had arrived: removals (children first), additions (parents first), then changed properties.
-    fileprivate func resync(_ reply: [DBusValue]) {
-        let result = core.withLock {
-            core -> ([BlueZTreeEvent], BlueZObjectTree, [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void]) in
-            let old = core.tree.objects
-            var fresh = BlueZObjectTree()
-            fresh.load(managedObjects: reply.first ?? .array("a{oa{sa{sv}}}", []))
-            let new = fresh.objects
-            var removed: [BlueZTreeEvent] = []
-            var added: [BlueZTreeEvent] = []
-            var changed: [BlueZTreeEvent] = []
-            for (path, before) in old.sorted(by: { $0.key > $1.key }) {
-                guard let after = new[path] else {
-                    removed.append(.interfacesRemoved(path: path, interfaces: Array(before.keys), previous: before))
-                    continue
-                }
-                let gone = before.keys.filter { after[$0] == nil }
-                if !gone.isEmpty { removed.append(.interfacesRemoved(path: path, interfaces: gone, previous: before)) }
-            }
-            for (path, after) in new.sorted(by: { $0.key < $1.key }) {
-                let before = old[path] ?? [:]
-                let fresh = after.filter { before[$0.key] == nil }
-                if !fresh.isEmpty { added.append(.interfacesAdded(path: path, interfaces: fresh)) }
-                for (interface, properties) in after.sorted(by: { $0.key < $1.key }) {
-                    guard let previous = before[interface] else { continue }
-                    let delta = properties.filter { previous[$0.key] != $0.value }
-                    let invalidated = previous.keys.filter { properties[$0] == nil }.sorted()
-                    if !delta.isEmpty || !invalidated.isEmpty {
-                        changed.append(
-                            .propertiesChanged(
-                                path: path, interface: interface, changed: delta, invalidated: invalidated))
-                    }
-                }
-            }
-            core.tree = fresh
-            return (removed + added + changed, core.tree, Array(core.subscribers.values))
-        }
-        let (events, tree, handlers) = result
-        logger.info("mirror resynchronised: \(events.count) change(s) applied")
-        for e in events { for h in handlers { h(e, tree) } }
-    }
-
     fileprivate func dispatch(_ message: DBusMessage) {
         let result = core.withLock {
             core -> (BlueZTreeEvent, BlueZObjectTree, [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void])? in
             guard let event = core.tree.apply(message) else { return nil }
-            return (event, core.tree, Array(core.subscribers.values))
+            return (event, core.tree, core.handlers)
         }
         guard let (event, tree, handlers) = result else { return }
         for h in handlers { h(event, tree) }
@@ -304,17 +253,18 @@ public final class BlueZClient: Sendable {
 
     // MARK: subscriptions and waits
 
-    /// Registers a handler called (on the pump task, in signal order) after each change to the mirror.
+    /// Registers a handler called after each change to the mirror, in signal order: signals on the D-Bus I/O
+    /// thread, the other changes (load, bluetoothd lost, bus restored) in order with them. It must not block.
     func subscribe(_ handler: @escaping @Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void) -> UInt64 {
         core.withLock { core in
             core.nextID += 1
-            core.subscribers[core.nextID] = handler
+            core.subscribers.append((core.nextID, handler))
             return core.nextID
         }
     }
 
     func unsubscribe(_ id: UInt64) {
-        _ = core.withLock { $0.subscribers.removeValue(forKey: id) }
+        core.withLock { $0.subscribers.removeAll { $0.id == id } }
     }
 
     /// The current mirror.
@@ -371,7 +321,7 @@ public final class BlueZClient: Sendable {
                 message.sender = core.owner
                 _ = core.tree.apply(message)
             }
-            return (added, Array(core.subscribers.values))
+            return (added, core.handlers)
         }
         let exported = Set(fresh.objects.keys)
         guard !added.isEmpty else { return exported }
@@ -632,36 +582,50 @@ enum BlueZClientPump {
         return true
     }
 
-    /// Subscribes to every signal bluetoothd (`owner`) sends, then loads the tree, then applies signals in order.
-    /// The match rule and GetManagedObjects are retried with backoff until the owner changes (this task is then
-    /// cancelled) or the connection ends.
+    /// Subscribes to every signal bluetoothd (`owner`) sends, then loads the tree, then applies signals in order,
+    /// all on the connection's I/O thread: the GetManagedObjects reply is loaded there in order with the signals,
+    /// the signals that came before it (older than the snapshot) are skipped and every later one is applied as it
+    /// is dispatched, so nothing queues between the bus and the mirror. The match rule and GetManagedObjects are
+    /// retried with backoff until the owner changes (this task is then cancelled) or the connection ends.
     private static func follow(_ box: WeakClient, _ connection: DBusConnection, owner: String, settled: OneShot<Bool>)
         async
     {
         var backoff = Backoff()
-        var subscribed: DBusSignalStream?
+        let feed = MirrorFeed()
+        var subscribed: DBusSignalSubscription?
         while subscribed == nil, !Task.isCancelled, connection.isConnected {
             do {
                 subscribed = try await connection.signals(
-                    matching: DBusMatchRule(type: .signal, sender: owner),
-                    capacity: box.value?.signalBufferCapacity ?? 65536)
+                    matching: DBusMatchRule(type: .signal, sender: owner), ended: { feed.end() }
+                ) { [weak box] message in
+                    feed.receive { box?.value?.dispatch(message) }
+                }
             } catch {
                 box.value?.logger.warning("cannot add a match rule for bluetoothd's signals: \(error); retrying")
                 await nap(backoff.take())
             }
         }
-        guard let stream = subscribed else { return }
+        guard let subscription = subscribed else { return }
+        defer {
+            // After close() no handler runs (one running now finishes first): the next owner's follower, or
+            // daemonLost, cannot interleave with a late signal of this one.
+            feed.close()
+            subscription.cancel()
+        }
         backoff.reset()
         var attempt = 0
+        let call = DBusMessage.methodCall(
+            destination: owner, path: "/", interface: BlueZName.objectManager, method: "GetManagedObjects", body: [])
         while !Task.isCancelled, connection.isConnected {
             attempt += 1
             do {
-                let reply = try await connection.call(
-                    destination: owner, path: "/", interface: BlueZName.objectManager, method: "GetManagedObjects",
-                    timeout: .seconds(10))
-                guard let client = box.value, !Task.isCancelled else { return }
-                client.core.withLock { $0.accessDenied = nil }
-                client.load(reply, settled: settled)
+                _ = try await connection.call(call, timeout: .seconds(10)) { [weak box] reply in
+                    feed.load {
+                        guard let client = box?.value else { return }
+                        client.core.withLock { $0.accessDenied = nil }
+                        client.load(reply.body, settled: settled)
+                    }
+                }
                 break
             } catch {
                 if error.name == DBusError.accessDenied, let client = box.value {
@@ -680,34 +644,38 @@ enum BlueZClientPump {
                 await nap(backoff.take())
             }
         }
-        var dropped = 0
-        var snapshotSerial: UInt32?
-        for await message in stream {
-            if Task.isCancelled { break }
-            guard let client = box.value else { return }
-            if stream.droppedCount != dropped {
-                // Signals were dropped while the mirror fell behind: what they said is lost, so take the whole
-                // tree again and apply the difference. Signals still queued from before the snapshot are older
-                // than it (bluetoothd numbers its messages in order) and are skipped.
-                dropped = stream.droppedCount
-                client.resyncCount.add(1, ordering: .relaxed)
-                client.logger.warning(
-                    "bluetoothd's signals came faster than the mirror applied them: \(dropped) dropped so far; "
-                        + "resynchronising from GetManagedObjects")
-                let call = DBusMessage.methodCall(
-                    destination: owner, path: "/", interface: BlueZName.objectManager, method: "GetManagedObjects",
-                    body: [])
-                if let reply = try? await connection.call(call, timeout: .seconds(10)) {
-                    client.resync(reply.body)
-                    snapshotSerial = reply.serial
-                }
-            }
-            if let snapshot = snapshotSerial, message.serial != 0 {
-                // Wrap-aware: older than the snapshot's reply.
-                if Int32(bitPattern: message.serial &- snapshot) < 0 { continue }
-                snapshotSerial = nil
-            }
-            client.dispatch(message)
+        // Signals are applied on the I/O thread from here on; wait for the owner to change or the bus to go.
+        _ = await feed.ended.value()
+    }
+}
+
+/// Orders the mirror's input on the I/O thread: signals are skipped until the snapshot is loaded (they are older
+/// than it), then applied one at a time; after `close()` nothing is applied.
+final class MirrorFeed: Sendable {
+    private struct State {
+        var loaded = false
+        var closed = false
+    }
+    private let state = Mutex(State())
+    /// Completed when the connection ended.
+    let ended = OneShot<Bool>()
+
+    func receive(_ apply: () -> Void) {
+        state.withLock { s in
+            guard s.loaded, !s.closed else { return }
+            apply()
         }
     }
+
+    func load(_ body: () -> Void) {
+        state.withLock { s in
+            guard !s.closed else { return }
+            body()
+            s.loaded = true
+        }
+    }
+
+    func close() { state.withLock { $0.closed = true } }
+
+    func end() { ended.complete(true) }
 }

@@ -224,7 +224,8 @@ public final class BlueZDiscovery: Sendable {
 
     init(
         client: BlueZClient, adapter: BlueZAdapter, selector: BlueZAdapterSelector?, filter: BlueZDiscoveryFilter,
-        mode: BlueZScanMode, fallbackReason: String?, connection: DBusConnection
+        mode: BlueZScanMode, fallbackReason: String?, connection: DBusConnection,
+        consumer: (@Sendable (BlueZDiscoveryEvent) -> Void)? = nil
     ) {
         self.client = client
         self.selector = selector
@@ -244,7 +245,7 @@ public final class BlueZDiscovery: Sendable {
                 logger.warning(
                     "discovery on \(name): the consumer fell behind; \(dropped) event(s) dropped so far (buffer "
                         + "\(filter.eventCapacity)); it gets the current devices from BlueZ's tree once it catches up")
-            })
+            }, direct: consumer)
         self.events = BlueZDiscoveryEvents(base: buffer)
         self.continuation = buffer
         let suffix = connection.uniqueName.filter { $0.isNumber || $0.isLetter }
@@ -606,12 +607,12 @@ public final class BlueZDiscovery: Sendable {
 
     private func report(_ device: BlueZDevice, advertisement: Bool) {
         guard advertisement else { return }
-        let matches = filter.matches(device)
+        let now = ContinuousClock.now
         let event: BlueZDiscoveryEvent? = state.withLock { s in
             guard !s.stopped else { return nil }
-            s.lastActivity = .now
-            if s.reported[device.path] != nil {
-                s.reported[device.path] = device
+            s.lastActivity = now
+            if let i = s.reported.index(forKey: device.path) {
+                s.reported.values[i] = device
                 return .updated(device)
             }
             if s.held.removeValue(forKey: device.path) != nil {
@@ -619,7 +620,7 @@ public final class BlueZDiscovery: Sendable {
                 s.reported[device.path] = device
                 return .updated(device)
             }
-            guard matches else { return nil }
+            guard filter.matches(device) else { return nil }
             s.reported[device.path] = device
             return .appeared(device)
         }
@@ -634,8 +635,11 @@ public final class BlueZDiscovery: Sendable {
         delivered.withLock { known in
             switch event {
             case .appeared(let d), .updated(let d):
-                let seen = known.updateValue(d, forKey: d.path) != nil
-                return seen ? .updated(d) : .appeared(d)
+                // The value kept is the one `lost` reports after a resync; the device as first delivered will do,
+                // and not storing every update saves a copy per advertisement.
+                if known.index(forKey: d.path) != nil { return .updated(d) }
+                known[d.path] = d
+                return .appeared(d)
             case .lost(let d):
                 return known.removeValue(forKey: d.path) != nil ? .lost(d) : nil
             }
@@ -707,27 +711,36 @@ extension BlueZClient {
     /// Passive scanning is used when `filter.passive` is set, the adapter offers `AdvertisementMonitorManager1`,
     /// and there is at least one pattern (explicit or from service UUIDs); otherwise it falls back to active
     /// scanning and logs why. The discovery ends (`endReason`) when this adapter is removed.
+    ///
+    /// With a `consumer`, each event is handed to it as soon as it happens, on the thread that saw it (usually the
+    /// client's D-Bus I/O thread, before the next signal is dispatched), one at a time and in order, and `events`
+    /// carries nothing but its end: no queue and no thread hop, the cheapest path for a consumer that decodes and
+    /// forwards. The consumer must return quickly and must not wait for BlueZ.
     /// - Throws: `BlueZError.adapterUnavailable` (absent or powered off), `.invalidArgument` (filter rejected).
-    public func startDiscovery(on adapter: BlueZAdapter, filter: BlueZDiscoveryFilter = BlueZDiscoveryFilter())
-        async throws(BlueZError) -> BlueZDiscovery
-    {
-        try await startDiscovery(adapter, selector: nil, filter: filter)
+    public func startDiscovery(
+        on adapter: BlueZAdapter, filter: BlueZDiscoveryFilter = BlueZDiscoveryFilter(),
+        consumer: (@Sendable (BlueZDiscoveryEvent) -> Void)? = nil
+    ) async throws(BlueZError) -> BlueZDiscovery {
+        try await startDiscovery(adapter, selector: nil, filter: filter, consumer: consumer)
     }
 
     /// Starts a discovery on the adapter `selector` picks now, and keeps it on a matching adapter: when that adapter
     /// is removed its devices are reported lost, and the discovery resumes on the next adapter that matches (the
     /// same controller back under a new name, when selected by address).
+    /// A `consumer` takes the events as with `startDiscovery(on:filter:consumer:)`.
     /// - Throws: `BlueZError.adapterUnavailable` when no matching adapter is on and powered now, and what
-    ///   `startDiscovery(on:filter:)` throws.
+    ///   `startDiscovery(on:filter:consumer:)` throws.
     public func startDiscovery(
-        onAdapter selector: BlueZAdapterSelector, filter: BlueZDiscoveryFilter = BlueZDiscoveryFilter()
+        onAdapter selector: BlueZAdapterSelector, filter: BlueZDiscoveryFilter = BlueZDiscoveryFilter(),
+        consumer: (@Sendable (BlueZDiscoveryEvent) -> Void)? = nil
     ) async throws(BlueZError) -> BlueZDiscovery {
         guard case .on(let adapter) = adapterState(selector) else { throw unavailable(selector) }
-        return try await startDiscovery(adapter, selector: selector, filter: filter)
+        return try await startDiscovery(adapter, selector: selector, filter: filter, consumer: consumer)
     }
 
     private func startDiscovery(
-        _ adapter: BlueZAdapter, selector: BlueZAdapterSelector?, filter: BlueZDiscoveryFilter
+        _ adapter: BlueZAdapter, selector: BlueZAdapterSelector?, filter: BlueZDiscoveryFilter,
+        consumer: (@Sendable (BlueZDiscoveryEvent) -> Void)?
     ) async throws(BlueZError) -> BlueZDiscovery {
         guard let current = tree.adapter(at: adapter.path) else {
             throw .adapterUnavailable(adapter: adapter.name, reason: "gone")
@@ -740,7 +753,7 @@ extension BlueZClient {
         let connection = try await Self.openConnectionOffPool(bus)
         let discovery = BlueZDiscovery(
             client: self, adapter: current, selector: selector, filter: filter, mode: mode, fallbackReason: reason,
-            connection: connection)
+            connection: connection, consumer: consumer)
         try await discovery.begin()
         logger.debug("discovery started on \(adapter.name) (\(mode.rawValue))")
         return discovery

@@ -25,12 +25,18 @@ final class ResyncingBuffer<Element: Sendable>: Sendable {
     private let normalize: @Sendable (Element) -> Element?
     /// Called (outside the lock) at the first dropped event of each overflow, with the total dropped so far.
     private let onOverflow: @Sendable (Int) -> Void
+    /// When set, each event is normalised and handed to it at once, on the pushing thread, one at a time and in
+    /// push order: nothing queues, so nothing overflows; `next()` then only waits for the end.
+    private let direct: (@Sendable (Element) -> Void)?
+    private let delivering = Mutex(false)
 
     init(
         capacity: Int, resync: @escaping @Sendable () -> [Element],
         normalize: @escaping @Sendable (Element) -> Element? = { $0 },
-        onOverflow: @escaping @Sendable (Int) -> Void = { _ in }
+        onOverflow: @escaping @Sendable (Int) -> Void = { _ in },
+        direct: (@Sendable (Element) -> Void)? = nil
     ) {
+        self.direct = direct
         self.capacity = max(1, capacity)
         self.resync = resync
         self.normalize = normalize
@@ -50,6 +56,15 @@ final class ResyncingBuffer<Element: Sendable>: Sendable {
     }
 
     func push(_ element: Element) {
+        if let direct {
+            // The flag is the finished state of the direct path, taken under the same lock as each delivery, so
+            // no event reaches the consumer after finish() returned.
+            delivering.withLock { finished in
+                guard !finished, let e = normalize(element) else { return }
+                direct(e)
+            }
+            return
+        }
         let action = state.withLock { s -> Action in
             if s.finished { return .none }
             if let w = s.waiter {
@@ -80,6 +95,7 @@ final class ResyncingBuffer<Element: Sendable>: Sendable {
 
     /// Ends the sequence once the queued events are taken.
     func finish() {
+        if direct != nil { delivering.withLock { $0 = true } }
         let w = state.withLock { s -> CheckedContinuation<Element?, Never>? in
             s.finished = true
             defer { s.waiter = nil }

@@ -108,7 +108,7 @@ final class LocalRegistrationDriver: Sendable {
         var registered: @Sendable (BlueZAdapter) -> Void
         var unregistered: @Sendable (BlueZRegistrationEndReason) -> Void
         var failed: @Sendable (BlueZRegistrationFailure) -> Void
-        /// Every change to the client's mirror (on the client's pump task).
+        /// Every change to the client's mirror (on the D-Bus I/O thread, see `BlueZClient.subscribe`).
         var treeEvent: @Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void
     }
 

@@ -61,6 +61,9 @@ struct BlueZObjectTree: Sendable {
     private var devicesByAddress: [String: Set<String>] = [:]
     /// The upper-cased `Address` each device path is indexed under.
     private var deviceAddresses: [String: String] = [:]
+    /// Each `Device1` as a value, kept up to date field by field: a signal that changed one property (an
+    /// advertisement's RSSI or data) rebuilds that field, not the whole device.
+    private var deviceValues: [String: BlueZDevice] = [:]
 
     /// How many GATT services each device (by path) lost since the tree was loaded: a reconnect that removes and
     /// re-exports them (bluez#1489) shows as a change here, whatever is in the tree when ServicesResolved arrives.
@@ -91,9 +94,12 @@ struct BlueZObjectTree: Sendable {
         let address: String?
         if let device = interfaces?[BlueZName.device] {
             devicePaths.insert(path)
-            address = (device["Address"]?.string ?? "").uppercased()
+            let value = BlueZDevice(path: path, properties: device)
+            address = value.address
+            deviceValues[path] = value
         } else {
             devicePaths.remove(path)
+            deviceValues[path] = nil
             address = nil
         }
         let old = deviceAddresses[path]
@@ -172,8 +178,12 @@ struct BlueZObjectTree: Sendable {
             }
             objects[path]?[interface]?.merge(changed) { $1 }
             for name in invalidated { objects[path]?[interface]?[name] = nil }
-            if interface == BlueZName.device, changed["Address"] != nil || invalidated.contains("Address") {
-                reindex(path)
+            if interface == BlueZName.device {
+                if changed["Address"] != nil || invalidated.contains("Address") {
+                    reindex(path)
+                } else if let properties = objects[path]?[interface] {
+                    deviceValues[path]?.refresh(changed.keys, invalidated, from: properties)
+                }
             }
             return .propertiesChanged(path: path, interface: interface, changed: changed, invalidated: invalidated)
         case (BlueZName.device?, "Disconnected"):
@@ -192,6 +202,7 @@ struct BlueZObjectTree: Sendable {
         devicePaths = []
         devicesByAddress = [:]
         deviceAddresses = [:]
+        deviceValues = [:]
     }
 
     // MARK: queries
@@ -219,25 +230,7 @@ struct BlueZObjectTree: Sendable {
         return adapter.powered ? .on(adapter) : .off(adapter)
     }
 
-    func device(at path: String) -> BlueZDevice? {
-        guard let p = objects[path]?[BlueZName.device] else { return nil }
-        var manufacturer: [UInt16: [UInt8]] = [:]
-        for entry in p["ManufacturerData"]?.dictionaryEntries ?? [] {
-            if let id = entry.key.uint16, let bytes = entry.value.bytes { manufacturer[id] = bytes }
-        }
-        var serviceData: [String: [UInt8]] = [:]
-        for entry in p["ServiceData"]?.dictionaryEntries ?? [] {
-            if let uuid = entry.key.string, let bytes = entry.value.bytes { serviceData[uuid.lowercased()] = bytes }
-        }
-        return BlueZDevice(
-            path: path, adapterPath: p["Adapter"]?.string ?? "",
-            address: (p["Address"]?.string ?? "").uppercased(), addressType: p["AddressType"]?.string ?? "public",
-            name: p["Name"]?.string, alias: p["Alias"]?.string, rssi: p["RSSI"]?.int16,
-            txPower: p["TxPower"]?.int16, manufacturerData: manufacturer, serviceData: serviceData,
-            uuids: (p["UUIDs"]?.arrayElements ?? []).compactMap { $0.string?.lowercased() },
-            connected: p["Connected"]?.bool ?? false, servicesResolved: p["ServicesResolved"]?.bool ?? false,
-            paired: p["Paired"]?.bool ?? false)
-    }
+    func device(at path: String) -> BlueZDevice? { deviceValues[path] }
 
     var devices: [BlueZDevice] { devicePaths.sorted().compactMap { device(at: $0) } }
 
@@ -294,5 +287,68 @@ struct BlueZObjectTree: Sendable {
         if let c = characteristic(at: path) { return service(at: c.servicePath)?.devicePath }
         if let s = service(at: path) { return s.devicePath }
         return nil
+    }
+}
+
+extension BlueZDevice {
+    /// The device as `Device1`'s properties describe it.
+    init(path: String, properties p: [String: DBusValue]) {
+        self.init(
+            path: path, adapterPath: p["Adapter"]?.string ?? "", address: Self.address(p),
+            addressType: p["AddressType"]?.string ?? "public", name: p["Name"]?.string, alias: p["Alias"]?.string,
+            rssi: p["RSSI"]?.int16, txPower: p["TxPower"]?.int16, manufacturerData: Self.manufacturerData(p),
+            serviceData: Self.serviceData(p), uuids: Self.uuids(p), connected: p["Connected"]?.bool ?? false,
+            servicesResolved: p["ServicesResolved"]?.bool ?? false, paired: p["Paired"]?.bool ?? false)
+    }
+
+    /// Rebuilds the fields of the properties that changed or were invalidated from `p`, the merged properties.
+    mutating func refresh<Keys: Sequence<String>>(_ changed: Keys, _ invalidated: [String], from p: [String: DBusValue]) {
+        for key in changed { refresh(key, from: p) }
+        for key in invalidated { refresh(key, from: p) }
+    }
+
+    private mutating func refresh(_ key: String, from p: [String: DBusValue]) {
+        switch key {
+        case "RSSI": rssi = p["RSSI"]?.int16
+        case "ManufacturerData": manufacturerData = Self.manufacturerData(p)
+        case "ServiceData": serviceData = Self.serviceData(p)
+        case "TxPower": txPower = p["TxPower"]?.int16
+        case "Name": name = p["Name"]?.string
+        case "Alias": alias = p["Alias"]?.string
+        case "UUIDs": uuids = Self.uuids(p)
+        case "Connected": connected = p["Connected"]?.bool ?? false
+        case "ServicesResolved": servicesResolved = p["ServicesResolved"]?.bool ?? false
+        case "Paired": paired = p["Paired"]?.bool ?? false
+        case "Adapter": adapterPath = p["Adapter"]?.string ?? ""
+        case "AddressType": addressType = p["AddressType"]?.string ?? "public"
+        case "Address": address = Self.address(p)
+        default: return
+        }
+    }
+
+    private static func address(_ p: [String: DBusValue]) -> String {
+        let text = p["Address"]?.string ?? ""
+        // BlueZ spells addresses in upper case already; uppercased() would allocate a copy of every one.
+        return text.utf8.contains(where: { $0 >= UInt8(ascii: "a") && $0 <= UInt8(ascii: "z") }) ? text.uppercased() : text
+    }
+
+    private static func manufacturerData(_ p: [String: DBusValue]) -> [UInt16: [UInt8]] {
+        var out: [UInt16: [UInt8]] = [:]
+        for entry in p["ManufacturerData"]?.dictionaryEntries ?? [] {
+            if let id = entry.key.uint16, let bytes = entry.value.bytes { out[id] = bytes }
+        }
+        return out
+    }
+
+    private static func serviceData(_ p: [String: DBusValue]) -> [String: [UInt8]] {
+        var out: [String: [UInt8]] = [:]
+        for entry in p["ServiceData"]?.dictionaryEntries ?? [] {
+            if let uuid = entry.key.string, let bytes = entry.value.bytes { out[uuid.lowercased()] = bytes }
+        }
+        return out
+    }
+
+    private static func uuids(_ p: [String: DBusValue]) -> [String] {
+        (p["UUIDs"]?.arrayElements ?? []).compactMap { $0.string?.lowercased() }
     }
 }

@@ -213,6 +213,48 @@ public final class DBusConnection: Sendable {
         return decoded
     }
 
+    /// Sends a method call and also hands its reply to `inOrder` on the connection's I/O thread, before any
+    /// message that arrived after the reply is dispatched (an error reply is not handed over). A consumer of
+    /// signals taken with ``signals(matching:ended:handler:)`` can load a snapshot from the reply there and apply
+    /// exactly the signals that are newer than it. Returns the same reply.
+    /// - Throws: as ``call(_:timeout:)``.
+    public func call(
+        _ message: DBusMessage, timeout: Duration = .seconds(25),
+        inOrder: @escaping @Sendable (DBusMessage) -> Void
+    ) async throws(DBusError) -> DBusMessage {
+        guard message.type == .methodCall else {
+            throw DBusError(name: DBusError.invalidArgs, message: "only method calls can be awaited")
+        }
+        var message = message
+        message.noReplyExpected = false
+        let built = try Marshal.build(message)
+        try checkFDs(message.body)
+        let decoded = Mutex<Result<DBusMessage, DBusError>?>(nil)
+        let outcome = await core.call(built, timeout: timeout) { outcome in
+            guard case .success(let reply) = outcome else { return }
+            do throws(DBusError) {
+                let message = try Marshal.decode(reply.pointer)
+                decoded.withLock { $0 = .success(message) }
+                if message.error == nil { inOrder(message) }
+            } catch {
+                decoded.withLock { $0 = .failure(error) }
+            }
+        }
+        switch outcome {
+        case .success:
+            guard let result = decoded.withLock({ $0 }) else {
+                throw DBusError(name: DBusError.failed, message: "the reply was not decoded")
+            }
+            let reply = try result.get()
+            if let error = reply.error { throw error }
+            return reply
+        case .failure(let error):
+            let call = "\(message.interface ?? "").\(message.member ?? "") on \(message.path?.rawValue ?? "/")"
+            let peer = message.destination.map { " (\($0))" } ?? ""
+            throw DBusError(name: error.name, message: "\(call)\(peer): \(error.message)")
+        }
+    }
+
     /// Awaits the reply to `message`. A failure of this side (connection closed or lost, cancelled, out of memory)
     /// names the call, so that a log line says which call it cut short; error replies from the peer pass unchanged.
     private static func awaitReply(
@@ -257,13 +299,34 @@ public final class DBusConnection: Sendable {
     ///
     /// At most `capacity` signals wait for a consumer that falls behind; further ones are dropped and counted
     /// (`DBusSignalStream.droppedCount`), so a stalled consumer cannot grow memory without limit. A consumer that
-    /// mirrors state should resynchronise when the count moves.
+    /// mirrors state should resynchronise when the count moves, or take the signals on the I/O thread with
+    /// ``signals(matching:ended:handler:)``, where nothing queues.
     public func signals(matching rule: DBusMatchRule, capacity: Int = 65536) async throws(DBusError)
         -> DBusSignalStream
     {
         let (stream, continuation) = AsyncStream<DBusMessage>.makeStream(
             bufferingPolicy: .bufferingOldest(max(1, capacity)))
         let drops = SignalDropCounter()
+        let subscription = try await signals(matching: rule, ended: { continuation.finish() }) { message in
+            if case .dropped = continuation.yield(message) { drops.count.add(1, ordering: .relaxed) }
+        }
+        continuation.onTermination = { _ in subscription.cancel() }
+        return DBusSignalStream(
+            stream: stream, lifetime: SubscriptionLifetime { continuation.finish() }, drops: drops)
+    }
+
+    /// Adds the match rule on the bus (awaiting the reply) and calls `handler` with each matching signal on the
+    /// connection's I/O thread, in arrival order, before the next message is dispatched: no queue and no thread
+    /// hop between the socket and the consumer. `handler` must return quickly and must not wait for anything this
+    /// connection delivers (it runs on the thread that would deliver it). `ended` runs once when the connection
+    /// closes or is lost.
+    ///
+    /// A well-known `sender` is followed as with the stream form. The rule is removed when the returned
+    /// subscription is cancelled or released.
+    public func signals(
+        matching rule: DBusMatchRule, ended: @escaping @Sendable () -> Void = {},
+        handler: @escaping @Sendable (DBusMessage) -> Void
+    ) async throws(DBusError) -> DBusSignalSubscription {
         var tracker: OwnerTracker? = nil
         if let sender = rule.sender, !sender.hasPrefix(":"), sender != "org.freedesktop.DBus" {
             try Names.busName(sender)
@@ -273,27 +336,21 @@ public final class DBusConnection: Sendable {
             rule: rule,
             deliver: { [tracker] message in
                 if let tracker, !tracker.accepts(message.sender) { return }
-                if case .dropped = continuation.yield(message) { drops.count.add(1, ordering: .relaxed) }
-            }, finish: { continuation.finish() })
+                handler(message)
+            }, finish: ended)
         guard let id = core.addSubscription(subscription) else {
             throw DBusError(name: DBusError.disconnected, message: "the D-Bus connection is closed")
         }
-        let core = self.core
-        continuation.onTermination = { [tracker] _ in
-            core.removeSubscription(id, removeMatch: true)
-            if let trackerID = tracker?.subscriptionID.withLock({ $0 }) {
-                core.removeSubscription(trackerID, removeMatch: true)
-            }
-        }
+        let token = DBusSignalSubscription(core: core, id: id, tracker: tracker)
         do throws(DBusError) {
             _ = try await core.callBus("AddMatch", [.string(rule.rule)])
             if let tracker, let sender = rule.sender { try await follow(owner: sender, into: tracker) }
         } catch {
-            continuation.finish()
+            token.cancel()
+            ended()
             throw error
         }
-        return DBusSignalStream(
-            stream: stream, lifetime: SubscriptionLifetime { continuation.finish() }, drops: drops)
+        return token
     }
 
     /// Keeps `tracker` up to date with the owner of `name` (NameOwnerChanged, then GetNameOwner).
@@ -468,6 +525,33 @@ public struct DBusSignalStream: AsyncSequence, Sendable {
     public func makeAsyncIterator() -> AsyncIterator {
         AsyncIterator(base: stream.makeAsyncIterator(), lifetime: lifetime)
     }
+}
+
+/// A signal subscription taken with ``DBusConnection/signals(matching:ended:handler:)``: the handler is called
+/// until this is cancelled or released.
+public final class DBusSignalSubscription: Sendable {
+    private let core: ConnectionCore
+    private let id: UInt64
+    private let tracker: OwnerTracker?
+    private let cancelled = Atomic<Bool>(false)
+
+    init(core: ConnectionCore, id: UInt64, tracker: OwnerTracker?) {
+        self.core = core
+        self.id = id
+        self.tracker = tracker
+    }
+
+    /// Removes the handler and the match rule (and the owner tracking a well-known sender needed). A handler
+    /// already running on the I/O thread finishes first only if the caller is that thread.
+    public func cancel() {
+        guard !cancelled.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        core.removeSubscription(id, removeMatch: true)
+        if let trackerID = tracker?.subscriptionID.withLock({ $0 }) {
+            core.removeSubscription(trackerID, removeMatch: true)
+        }
+    }
+
+    deinit { cancel() }
 }
 
 /// Counts the signals a full stream dropped.

@@ -62,17 +62,33 @@ final class NSLockLike: @unchecked Sendable {
     }
 }
 
-func nowNS() -> Int64 {
+@Sendable func nowNS() -> Int64 {
     var ts = timespec()
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
 }
 
 /// The last two octets of `AA:BB:CC:DD:EE:FF` as a number (0xEEFF), like dbus-ref reads them from the path.
-func deviceNumber(_ address: String) -> Int32 {
-    let parts = address.split(separator: ":")
-    guard parts.count == 6, let hi = UInt8(parts[4], radix: 16), let lo = UInt8(parts[5], radix: 16) else { return -1 }
-    return Int32(hi) << 8 | Int32(lo)
+@Sendable func deviceNumber(_ address: String) -> Int32 {
+    // Read in place from the bytes, as cheaply as dbus-ref reads them from the path.
+    var value: Int32 = 0
+    var digits = 0
+    var count = 0
+    for c in address.utf8 {
+        count += 1
+        guard count > 12 else { continue }
+        let d: UInt8
+        switch c {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): d = c - UInt8(ascii: "0")
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): d = c - UInt8(ascii: "A") + 10
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): d = c - UInt8(ascii: "a") + 10
+        case UInt8(ascii: ":"): continue
+        default: return -1
+        }
+        value = value << 4 | Int32(d)
+        digits += 1
+    }
+    return count == 17 && digits == 4 ? value : -1
 }
 
 signal(SIGTERM, SIG_IGN)
@@ -94,51 +110,59 @@ let stopSources = [SIGTERM, SIGINT].map { number -> any DispatchSourceSignal in
     return source
 }
 
-let registry: GATTParserRegistry
-do { registry = try GATTParserRegistry.builtIn() } catch { fail("registry: \(error)") }
+let registry: GATTParserRegistry = {
+    do { return try GATTParserRegistry.builtIn() } catch { fail("registry: \(error)") }
+}()
 let ruuvi = AdvertisementSource.manufacturer(0x0499)
 let bthome = AdvertisementSource.serviceData(BluetoothUUID(UInt16(0xFCD2)))
+
+/// Decodes `d`'s advertisement as the bridge does (the registry; the sequence number is the decoded
+/// measurement_sequence or packet_id) and records it.
+@Sendable func record(_ d: BlueZDevice) {
+    let t = nowNS()
+    var key: Int32 = -1
+    var ok: Bool?
+    if let payload = d.manufacturerData[0x0499] {
+        do {
+            let r = try registry.decode(ruuvi, payload, context: AdvertisementContext(mac: d.address))
+            if case .int(let s)? = r["measurement_sequence"] { key = Int32(truncatingIfNeeded: s) }
+            ok = true
+        } catch {
+            ok = false
+        }
+    } else if let payload = d.serviceData.first(where: { $0.key.lowercased().hasPrefix("0000fcd2") })?.value {
+        do {
+            let r = try registry.decode(bthome, payload, context: AdvertisementContext(mac: d.address))
+            if case .int(let s)? = r["packet_id"] { key = Int32(truncatingIfNeeded: s) }
+            ok = true
+        } catch {
+            ok = false
+        }
+    }
+    let n = deviceNumber(d.address)
+    lock.with {
+        if ok == true { recorder.decoded += 1 } else if ok == false { recorder.errors += 1 }
+        recorder.t.append(t)
+        recorder.device.append(n)
+        recorder.key.append(key)
+    }
+}
 
 do {
     let client = try BlueZClient(bus: .address(address))
     try await client.start()
     guard let adapter = client.adapters.first else { fail("no adapter") }
+    // The bridge's way: events handed over on the D-Bus I/O thread as each signal is dispatched.
     let discovery = try await client.startDiscovery(
-        on: adapter, filter: BlueZDiscoveryFilter(duplicateData: true))
-    say("ready")
-    for await event in discovery.events {
-        let d: BlueZDevice
+        on: adapter, filter: BlueZDiscoveryFilter(duplicateData: true)
+    ) { event in
         switch event {
-        case .appeared(let x), .updated(let x): d = x
-        case .lost: continue
-        }
-        let t = nowNS()
-        var key: Int32 = -1
-        if let payload = d.manufacturerData[0x0499] {
-            // As the bridge does: decode with the registry; the sequence is the decoded measurement_sequence.
-            do {
-                let r = try registry.decode(ruuvi, payload, context: AdvertisementContext(mac: d.address))
-                if case .int(let s)? = r["measurement_sequence"] { key = Int32(truncatingIfNeeded: s) }
-                lock.with { recorder.decoded += 1 }
-            } catch {
-                lock.with { recorder.errors += 1 }
-            }
-        } else if let payload = d.serviceData.first(where: { $0.key.lowercased().hasPrefix("0000fcd2") })?.value {
-            do {
-                let r = try registry.decode(bthome, payload, context: AdvertisementContext(mac: d.address))
-                if case .int(let s)? = r["packet_id"] { key = Int32(truncatingIfNeeded: s) }
-                lock.with { recorder.decoded += 1 }
-            } catch {
-                lock.with { recorder.errors += 1 }
-            }
-        }
-        let n = deviceNumber(d.address)
-        lock.with {
-            recorder.t.append(t)
-            recorder.device.append(n)
-            recorder.key.append(key)
+        case .appeared(let d), .updated(let d): record(d)
+        case .lost: return
         }
     }
+    say("ready")
+    for await _ in discovery.events {}
 } catch {
     fail("\(error)")
 }

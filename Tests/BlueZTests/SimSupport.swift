@@ -73,13 +73,11 @@ final class SimClient: @unchecked Sendable {
 
     /// - Parameter stableAddress: point the client at the bus address without its guid, so that it can reconnect
     ///   to a dbus-daemon relaunched on the same socket.
-    ///   - signalCapacity: the client's signal buffer (small, to make the mirror drop signals).
-    init(_ scenario: String = testScenario, stableAddress: Bool = false, signalCapacity: Int? = nil) async throws {
+    init(_ scenario: String = testScenario, stableAddress: Bool = false) async throws {
         sim = try await SimulatorFixture.start(scenario: scenario)
         client = try BlueZClient(
             bus: .address(stableAddress ? sim.bus.stableAddress : sim.address),
             logger: BlueZLogger(handler: TestLogHandler(), level: .debug))
-        if let signalCapacity { client.signalBufferCapacity = signalCapacity }
         try await client.start(timeout: .seconds(10))
         control = try DBusConnection(.address(sim.address))
     }
