@@ -596,10 +596,8 @@ enum BlueZClientPump {
         while subscribed == nil, !Task.isCancelled, connection.isConnected {
             do {
                 subscribed = try await connection.signals(
-                    matching: DBusMatchRule(type: .signal, sender: owner), ended: { feed.end() }
-                ) { [weak box] message in
-                    feed.receive { box?.value?.dispatch(message) }
-                }
+                    matching: DBusMatchRule(type: .signal, sender: owner), ended: { feed.end() },
+                    handler: { [weak box] message in feed.receive { box?.value?.dispatch(message) } })
             } catch {
                 box.value?.logger.warning("cannot add a match rule for bluetoothd's signals: \(error); retrying")
                 await nap(backoff.take())

@@ -302,7 +302,8 @@ extension BlueZDevice {
     }
 
     /// Rebuilds the fields of the properties that changed or were invalidated from `p`, the merged properties.
-    mutating func refresh<Keys: Sequence<String>>(_ changed: Keys, _ invalidated: [String], from p: [String: DBusValue]) {
+    mutating func refresh<Keys: Sequence<String>>(_ changed: Keys, _ invalidated: [String], from p: [String: DBusValue])
+    {
         for key in changed { refresh(key, from: p) }
         for key in invalidated { refresh(key, from: p) }
     }
@@ -329,7 +330,8 @@ extension BlueZDevice {
     private static func address(_ p: [String: DBusValue]) -> String {
         let text = p["Address"]?.string ?? ""
         // BlueZ spells addresses in upper case already; uppercased() would allocate a copy of every one.
-        return text.utf8.contains(where: { $0 >= UInt8(ascii: "a") && $0 <= UInt8(ascii: "z") }) ? text.uppercased() : text
+        return text.utf8.contains(where: { $0 >= UInt8(ascii: "a") && $0 <= UInt8(ascii: "z") })
+            ? text.uppercased() : text
     }
 
     private static func manufacturerData(_ p: [String: DBusValue]) -> [UInt16: [UInt8]] {

@@ -307,9 +307,11 @@ public final class DBusConnection: Sendable {
         let (stream, continuation) = AsyncStream<DBusMessage>.makeStream(
             bufferingPolicy: .bufferingOldest(max(1, capacity)))
         let drops = SignalDropCounter()
-        let subscription = try await signals(matching: rule, ended: { continuation.finish() }) { message in
-            if case .dropped = continuation.yield(message) { drops.count.add(1, ordering: .relaxed) }
-        }
+        let subscription = try await signals(
+            matching: rule, ended: { continuation.finish() },
+            handler: { message in
+                if case .dropped = continuation.yield(message) { drops.count.add(1, ordering: .relaxed) }
+            })
         continuation.onTermination = { _ in subscription.cancel() }
         return DBusSignalStream(
             stream: stream, lifetime: SubscriptionLifetime { continuation.finish() }, drops: drops)
