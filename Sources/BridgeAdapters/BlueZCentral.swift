@@ -20,6 +20,8 @@ public final class BlueZCentral: BLECentral {
         var eventsTask: Task<Void, Never>?
         var closed = false
         var powered: [String: Bool] = [:]
+        /// Takes scan results directly, when the bridge asked for that.
+        var scanResults: (@Sendable (BLECentralEvent) -> Void)?
     }
 
     /// A central on `bus` (the system bus, or `DBUS_SYSTEM_BUS_ADDRESS`).
@@ -138,19 +140,24 @@ public final class BlueZCentral: BLECentral {
                 await old.0.stop()
             }
             do {
-                let discovery = try await client.startDiscovery(on: adapter, filter: filter)
                 let name = adapter.name
-                let task = Task { [continuation] in
-                    // Parsed addresses and UUIDs, by their text: the same few come with every advertisement.
-                    var parsed = AdvertisementTextCache()
-                    for await event in discovery.events {
-                        switch event {
-                        case .appeared(let d), .updated(let d):
-                            if let adv = Self.advertisement(d, adapter: name, cache: &parsed) {
-                                continuation.yield(.advertisement(adv))
-                            }
-                        case .lost(let d):
-                            if let a = BLEAddress(d.address) { continuation.yield(.deviceRemoved(a, adapter: name)) }
+                let discovery: BlueZDiscovery
+                let task: Task<Void, Never>
+                if let deliver = state.withLock({ $0.scanResults }) {
+                    // On the D-Bus I/O thread as each signal is dispatched; the discovery calls the consumer one
+                    // event at a time, which is what makes the cache's unsynchronised use safe.
+                    let parsed = TextCacheBox()
+                    discovery = try await client.startDiscovery(on: adapter, filter: filter) { event in
+                        if let e = Self.scanResult(event, adapter: name, cache: &parsed.cache) { deliver(e) }
+                    }
+                    task = Task { for await _ in discovery.events {} }
+                } else {
+                    discovery = try await client.startDiscovery(on: adapter, filter: filter)
+                    task = Task { [continuation] in
+                        // Parsed addresses and UUIDs, by their text: the same few come with every advertisement.
+                        var parsed = AdvertisementTextCache()
+                        for await event in discovery.events {
+                            if let e = Self.scanResult(event, adapter: name, cache: &parsed) { continuation.yield(e) }
                         }
                     }
                 }
@@ -161,6 +168,23 @@ public final class BlueZCentral: BLECentral {
             }
         }
         if state.withLock({ $0.discoveries.isEmpty }), let firstError { throw firstError }
+    }
+
+    /// Scan results go to `deliver` from the next scan on (see `BLECentral.deliverScanResults(to:)`).
+    public func deliverScanResults(to deliver: @escaping @Sendable (BLECentralEvent) -> Void) {
+        state.withLock { $0.scanResults = deliver }
+    }
+
+    /// The core's event for a discovery event.
+    static func scanResult(_ event: BlueZDiscoveryEvent, adapter: String, cache: inout AdvertisementTextCache)
+        -> BLECentralEvent?
+    {
+        switch event {
+        case .appeared(let d), .updated(let d):
+            return advertisement(d, adapter: adapter, cache: &cache).map { .advertisement($0) }
+        case .lost(let d):
+            return BLEAddress(d.address).map { .deviceRemoved($0, adapter: adapter) }
+        }
     }
 
     static func advertisement(_ d: BlueZDevice, adapter: String) -> BLEAdvertisement? {
@@ -375,6 +399,11 @@ final class BlueZLink: BLELink {
 
 /// Addresses and UUIDs parsed from BlueZ's text, remembered by that text (nil: the text does not parse). Bounded:
 /// it starts over once it holds `limit` entries, so random addresses cannot make it grow without end.
+/// An `AdvertisementTextCache` used by one discovery consumer, which the discovery calls one event at a time.
+final class TextCacheBox: @unchecked Sendable {
+    var cache = AdvertisementTextCache()
+}
+
 struct AdvertisementTextCache {
     private var addresses: [String: BLEAddress?] = [:]
     private var uuids: [String: BluetoothUUID?] = [:]

@@ -294,6 +294,9 @@ public final class Bridge: Sendable {
 
     func runBLE() async {
         let events = central.events()
+        // Advertisements straight from the central's thread: handle() is safe from any thread (the notification
+        // path runs on the BLE reader thread too), and a passive device costs no task hop per advertisement.
+        central.deliverScanResults { [weak self] event in self?.handle(event) }
         do {
             let adapters = try await central.start()
             engine.withLock {

@@ -281,6 +281,11 @@ extension BLELink {
     }
 }
 
+extension BLECentral {
+    /// Scan results come through `events()`.
+    public func deliverScanResults(to deliver: @escaping @Sendable (BLECentralEvent) -> Void) {}
+}
+
 /// The BLE central the bridge drives.
 public protocol BLECentral: AnyObject, Sendable {
     /// Starts (connects to bluetoothd) and returns the adapters there are now.
@@ -291,6 +296,11 @@ public protocol BLECentral: AnyObject, Sendable {
     func adapters() -> [BLEAdapterInfo]
     /// Starts (or changes) scanning.
     func startScanning(_ request: BLEScanRequest) async throws(BLEError)
+    /// Hands scan results (`.advertisement`, `.deviceRemoved`) to `deliver` instead of `events()`: on the thread
+    /// that received them, one at a time and in order, with no task hop per advertisement (`deliver` must not
+    /// block). Takes effect for scans started afterwards. The default does nothing, and scan results keep coming
+    /// through `events()`.
+    func deliverScanResults(to deliver: @escaping @Sendable (BLECentralEvent) -> Void)
     /// Stops scanning.
     func stopScanning() async
     /// Connects, resolves services and reads presentation formats.

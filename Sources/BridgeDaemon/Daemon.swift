@@ -148,6 +148,9 @@ final class PreStartedCentral: BLECentral {
     func adapters() -> [BLEAdapterInfo] { base.adapters() }
     func startScanning(_ request: BLEScanRequest) async throws(BLEError) { try await base.startScanning(request) }
     func stopScanning() async { await base.stopScanning() }
+    func deliverScanResults(to deliver: @escaping @Sendable (BLECentralEvent) -> Void) {
+        base.deliverScanResults(to: deliver)
+    }
     func connect(_ address: BLEAddress, adapter: String, timeout: Duration) async throws(BLEError) -> any BLELink {
         try await base.connect(address, adapter: adapter, timeout: timeout)
     }

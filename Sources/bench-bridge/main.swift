@@ -6,6 +6,7 @@
 //   bench-bridge --bus ADDRESS      runs until SIGTERM/SIGINT, then prints the signals and payload octets it saw
 import DBus
 import Dispatch
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -35,16 +36,16 @@ guard let address else { fail("--bus ADDRESS is required") }
 let connection: DBusConnection
 do { connection = try DBusConnection(.address(address)) } catch { fail("cannot connect to \(address): \(error)") }
 
-// Counted by the stream loop and printed by the signal handler, both on the main queue.
-nonisolated(unsafe) var signals = 0
-nonisolated(unsafe) var octets = 0
+// Counted on the D-Bus I/O thread, printed by the signal handler on the main queue.
+let signals = Atomic<Int>(0)
+let octets = Atomic<Int>(0)
 
 signal(SIGTERM, SIG_IGN)
 signal(SIGINT, SIG_IGN)
 let stopSources = [SIGTERM, SIGINT].map { number -> any DispatchSourceSignal in
     let source = DispatchSource.makeSignalSource(signal: number, queue: .main)
     source.setEventHandler {
-        say("\(signals) signals, \(octets) payload octets")
+        say("\(signals.load(ordering: .relaxed)) signals, \(octets.load(ordering: .relaxed)) payload octets")
         exit(0)
     }
     source.resume()
@@ -52,22 +53,27 @@ let stopSources = [SIGTERM, SIGINT].map { number -> any DispatchSourceSignal in
 }
 
 do {
-    let stream = try await connection.signals(
+    // As the bridge takes them: on the I/O thread as each signal is dispatched (no queue, no task hop).
+    let subscription = try await connection.signals(
         matching: DBusMatchRule(
             type: .signal, sender: "org.bluez", interface: "org.freedesktop.DBus.Properties",
-            member: "PropertiesChanged", arguments: [0: "org.bluez.Device1"]))
-    say("ready")
-    for try await message in stream {
-        guard message.body.count >= 2, message.body[0].string == "org.bluez.Device1",
-            let changed = message.body[1].stringVariantDictionary
-        else { continue }
-        signals += 1
-        for key in ["ServiceData", "ManufacturerData"] {
-            for entry in changed[key]?.dictionaryEntries ?? [] {
-                octets += entry.value.variantValue?.bytes?.count ?? entry.value.bytes?.count ?? 0
+            member: "PropertiesChanged", arguments: [0: "org.bluez.Device1"]),
+        handler: { message in
+            guard message.body.count >= 2, message.body[0].string == "org.bluez.Device1",
+                let changed = message.body[1].stringVariantDictionary
+            else { return }
+            signals.add(1, ordering: .relaxed)
+            var n = 0
+            for key in ["ServiceData", "ManufacturerData"] {
+                for entry in changed[key]?.dictionaryEntries ?? [] {
+                    n += entry.value.variantValue?.bytes?.count ?? entry.value.bytes?.count ?? 0
+                }
             }
-        }
-    }
+            octets.add(n, ordering: .relaxed)
+        })
+    say("ready")
+    await connection.waitUntilDisconnected()
+    _ = subscription
 } catch {
     fail("\(error)")
 }
