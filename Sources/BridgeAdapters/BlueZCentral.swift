@@ -388,7 +388,6 @@ final class BlueZLink: BLELink {
         }
     }
 
-
     func waitForDisconnection() async -> BLEDisconnection {
         let reason = await peripheral.waitForDisconnection()
         return BLEDisconnection(requested: reason.requested, reason: reason.description)

@@ -866,6 +866,9 @@ final class IOLoop: Sendable {
         nameCurrentThread("dbus-io")
         let wakeRead = state.withLock { $0.wakeRead }
         var cores: [ConnectionCore] = []
+        var fds: [pollfd] = []
+        var spans: [(start: Int, owners: [OpaquePointer])] = []
+        var drain = [UInt8](repeating: 0, count: 256)
         while true {
             let added = state.withLock { s -> [ConnectionCore] in
                 defer { s.adding = [] }
@@ -911,9 +914,9 @@ final class IOLoop: Sendable {
             }
             // One poll over everything: the loop's own wake-up socket (a connection was added), then each
             // connection's wake-up socket and watches.
-            var fds: [pollfd] = [pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0)]
-            var spans: [(start: Int, owners: [OpaquePointer])] = []
-            spans.reserveCapacity(cores.count)
+            fds.removeAll(keepingCapacity: true)
+            fds.append(pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0))
+            spans.removeAll(keepingCapacity: true)
             var timeoutMs: Int32 = -1
             let now = ConnectionCore.now()
             for core in cores {
@@ -929,8 +932,8 @@ final class IOLoop: Sendable {
             let rc = poll(&fds, nfds_t(fds.count), timeoutMs)
             let failed = rc < 0 && errno != EINTR
             if !failed, fds[0].revents != 0 {
-                var buffer = [UInt8](repeating: 0, count: 256)
-                while Glibc.read(wakeRead, &buffer, buffer.count) == buffer.count {}
+                let n = drain.count
+                while drain.withUnsafeMutableBytes({ Glibc.read(wakeRead, $0.baseAddress, n) }) == n {}
             }
             for (core, span) in zip(cores, spans) {
                 core.handlePoll(
