@@ -160,28 +160,30 @@ struct BlueZObjectTree: Sendable {
             return .interfacesRemoved(path: path, interfaces: names, previous: previous)
         case (BlueZName.properties?, "PropertiesChanged"):
             guard let path = message.path?.rawValue, message.body.count >= 2,
-                let interface = message.body[0].string, !ignoredInterfaces.contains(interface)
+                let interface = message.body[0].string
             else { return nil }
+            // A signal for an object we do not know (e.g. one exported before our snapshot was taken and removed
+            // since) still updates what we have; it cannot create an interface out of nothing (nor one of the
+            // ignored standard ones, which are never stored). One lookup of the path serves the whole update.
+            guard let at = objects.index(forKey: path), objects.values[at][interface] != nil else { return nil }
             var changed = message.body[1].stringVariantDictionary ?? [:]
             let invalidated =
                 message.body.count >= 3 ? (message.body[2].arrayElements ?? []).compactMap(\.string) : []
-            // A signal for an object we do not know (e.g. one exported before our snapshot was taken and removed
-            // since) still updates what we have; it cannot create an interface out of nothing.
-            guard objects[path]?[interface] != nil else { return nil }
-            if interface == BlueZName.device, changed["ServicesResolved"]?.bool == true, changed["Connected"] == nil,
-                objects[path]?[interface]?["Connected"]?.bool != true
+            let isDevice = interface == BlueZName.device
+            if isDevice, changed["ServicesResolved"]?.bool == true, changed["Connected"] == nil,
+                objects.values[at][interface]?["Connected"]?.bool != true
             {
                 // Services are resolved only over a link that is up. bluetoothd 5.66 sometimes never signals
                 // Connected=true (the ATT channel came up before the kernel's Device Connected event, and
                 // device_add_connection() returned early as "already connected"): the link is up all the same.
                 changed["Connected"] = DBusValue.boolean(true)
             }
-            objects[path]?[interface]?.merge(changed) { $1 }
-            for name in invalidated { objects[path]?[interface]?[name] = nil }
-            if interface == BlueZName.device {
+            objects.values[at][interface]?.merge(changed) { $1 }
+            for name in invalidated { objects.values[at][interface]?[name] = nil }
+            if isDevice {
                 if changed["Address"] != nil || invalidated.contains("Address") {
                     reindex(path)
-                } else if let properties = objects[path]?[interface] {
+                } else if let properties = objects.values[at][interface] {
                     deviceValues[path]?.refresh(changed.keys, invalidated, from: properties)
                 }
             }

@@ -122,7 +122,11 @@ final class ConnectionCore: @unchecked Sendable {
         var ioThread: pthread_t?
         var clients: [ObjectIdentifier: any ConnectionClient] = [:]
         var clientOrder: [ObjectIdentifier] = []
-        var subscriptions: [UInt64: SignalSubscription] = [:]
+        var subscriptions: [UInt64: SignalSubscription] = [:] {
+            didSet { subscriptionList = Array(subscriptions.values) }
+        }
+        /// `subscriptions.values`, kept for the filter (which would otherwise copy them for every signal).
+        private(set) var subscriptionList: [SignalSubscription] = []
         var disconnectWaiters: [UInt64: CheckedContinuation<Void, Never>] = [:]
         var nextID: UInt64 = 1
         var pendingCalls: [ObjectIdentifier: PendingCall] = [:]
@@ -755,7 +759,7 @@ final class ConnectionCore: @unchecked Sendable {
                 markDisconnected()
                 return DBUS_HANDLER_RESULT_HANDLED
             }
-            let subscriptions = shared.withLock { Array($0.subscriptions.values) }
+            let subscriptions = shared.withLock { $0.subscriptionList }
             guard !subscriptions.isEmpty, let message = try? Marshal.decode(pointer) else {
                 return DBUS_HANDLER_RESULT_HANDLED
             }

@@ -156,7 +156,7 @@ public struct DBusDictEntry: Hashable, Sendable {
 ///
 /// `ay` is always ``bytes(_:)`` when received. Containers carry their element signatures so empty ones
 /// marshal correctly; elements whose type does not match are rejected with ``DBusError/invalidArgs``.
-public indirect enum DBusValue: Hashable, Sendable {
+public enum DBusValue: Hashable, Sendable {
     /// `y`
     case byte(UInt8)
     /// `b`
@@ -192,7 +192,7 @@ public indirect enum DBusValue: Hashable, Sendable {
     /// A struct `(...)`.
     case structure([DBusValue])
     /// A variant `v`.
-    case variant(DBusValue)
+    indirect case variant(DBusValue)
 
     /// The D-Bus signature of this value (one complete type when the value is well-formed).
     public var signature: DBusSignature {
