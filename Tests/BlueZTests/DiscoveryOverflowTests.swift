@@ -2,6 +2,7 @@
 // consumer then gets the current devices from the tree, including `lost` for a device removed while its own `lost`
 // event was dropped.
 import DBus
+import Glibc
 import Synchronization
 import TestSupport
 import Testing
@@ -52,6 +53,92 @@ import Testing
         while let v = await buffer.next() { got.append(v) }
         #expect(got == [0, 2, 4])
     }
+}
+
+@Suite struct ResyncingBufferDirectTests {
+    @Test func aDirectConsumerGetsEachEventAtOnceNormalisedAndNothingAfterFinish() async throws {
+        let got = Mutex<[Int]>([])
+        let buffer = ResyncingBuffer<Int>(
+            capacity: 1, resync: { [] }, normalize: { $0 % 2 == 0 ? $0 : nil },
+            direct: { v in got.withLock { $0.append(v) } })
+        for i in 0..<10 { buffer.push(i) }
+        // Far beyond the capacity of 1, and nothing dropped: no queue is involved.
+        #expect(got.withLock { $0 } == [0, 2, 4, 6, 8])
+        #expect(buffer.droppedCount == 0)
+        buffer.finish()
+        buffer.push(10)
+        #expect(got.withLock { $0 } == [0, 2, 4, 6, 8], "nothing reaches the consumer after finish()")
+        #expect(await buffer.next() == nil, "the sequence only ends")
+    }
+}
+
+@Suite struct DiscoveryConsumerTests {
+    @Test func aConsumerGetsTheEventsOnTheIOThreadAsTheyHappen() async throws {
+        let scenario = """
+            settings: {temporary_timeout: 30}
+            adapters: [{id: hci0, address: "00:1A:7D:DA:71:10"}]
+            peripherals:
+            """
+            + fastBeacons.map {
+                "\n  - {address: \"\($0)\", connectable: false, rssi: -60, rssi_jitter: 8, "
+                    + "advertising_interval: 0.02, "
+                    + "service_uuids: [FEAA]}"
+            }.joined()
+        let t = try await SimClient(scenario)
+        struct Seen {
+            var story: [String: [String]] = [:]
+            var threads: [String: Set<String>] = [:]
+            var count = 0
+        }
+        let seen = Mutex(Seen())
+        let discovery = try await t.client.startDiscovery(
+            on: try await t.adapter,
+            filter: BlueZDiscoveryFilter(duplicateData: true, watchdogInterval: nil, eventCapacity: 4)
+        ) { event in
+            let word: String
+            switch event {
+            case .appeared: word = "appeared"
+            case .updated: word = "updated"
+            case .lost: word = "lost"
+            }
+            let thread = currentThreadName()
+            seen.withLock { s in
+                s.story[event.device.address, default: []].append(word)
+                s.threads[word, default: []].insert(thread)
+                s.count += 1
+            }
+        }
+        // Well beyond the event capacity of 4 with nobody reading `events`: nothing is queued, nothing dropped.
+        try await eventually(10, "many advertisements") { seen.withLock { $0.count } > 100 }
+        let gone = fastBeacons[1]
+        _ = try await t.simulator("RemovePeripheral", [.string(gone)])
+        try await eventually(10, "the removed device reported lost") {
+            seen.withLock { $0.story[gone]?.last } == "lost"
+        }
+        #expect(discovery.droppedEvents == 0)
+        let s = seen.withLock { $0 }
+        for address in fastBeacons {
+            let story = s.story[address] ?? []
+            #expect(story.first == "appeared", "\(address) began with \(story.first ?? "-")")
+            #expect(story.filter { $0 == "appeared" }.count == 1, "\(address) appeared more than once")
+        }
+        // Advertisements and the removal come from bluetoothd's signals, handled on the D-Bus I/O thread.
+        #expect(s.threads["updated"] == ["dbus-io"])
+        #expect(s.threads["lost"] == ["dbus-io"])
+        // stop() ends the (empty) sequence (that nothing reaches the consumer after it is ResyncingBuffer's
+        // finish(), tested above).
+        await discovery.stop()
+        try await within(10, "the end of the events") { for await _ in discovery.events {} }
+    }
+}
+
+/// The name of the calling thread, from /proc.
+func currentThreadName() -> String {
+    guard let f = fopen("/proc/thread-self/comm", "r") else { return "?" }
+    defer { fclose(f) }
+    var line = [CChar](repeating: 0, count: 64)
+    guard fgets(&line, 64, f) != nil else { return "?" }
+    return String(decoding: line.prefix { $0 != 0 && $0 != 10 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }
 
 let fastBeacons = ["C0:FF:EE:00:01:01", "C0:FF:EE:00:01:02", "C0:FF:EE:00:01:03"]

@@ -1,5 +1,6 @@
 import DBus
 import Foundation
+import Synchronization
 import TestSupport
 import Testing
 
@@ -402,5 +403,82 @@ func members(until stream: DBusSignalStream) async -> [String] {
         )
         #expect(received == count)
         #expect(inOrder)
+    }
+}
+
+/// The name of the calling thread, from /proc.
+private func currentThreadName() -> String {
+    (try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8))?
+        .trimmingCharacters(in: .whitespacesAndNewlines) ?? "?"
+}
+
+@Suite struct SignalHandlerTests {
+    @Test func handlersRunOnTheIOThreadInOrderAndAnOrderedReplyTakesItsPlaceAmongThem() async throws {
+        let fixture = try await BusFixture()
+        let server = try fixture.connect()
+        let listener = try fixture.connect()
+        // The method emits Before, replies, and emits After once the reply is out: on the wire the reply is
+        // between the two signals.
+        let objects = DBusObjectServer(connection: server)
+        objects.addInterfaces(
+            at: "/o",
+            [
+                (
+                    DBusInterfaceSpec(
+                        "org.example.Ordered",
+                        methods: [
+                            DBusMethodSpec("Snapshot", out: "s") { _ in
+                                try? server.emitSignal(path: "/o", interface: "org.example.Ordered", name: "Before")
+                                server.perform {
+                                    try? server.emitSignal(path: "/o", interface: "org.example.Ordered", name: "After")
+                                }
+                                return .reply([.string("snapshot")])
+                            }
+                        ]), [:]
+                )
+            ])
+        let seen = Mutex<[String]>([])
+        let threads = Mutex<Set<String>>([])
+        let subscription = try await listener.signals(
+            matching: DBusMatchRule(sender: server.uniqueName, interface: "org.example.Ordered"),
+            handler: { message in
+                threads.withLock { _ = $0.insert(currentThreadName()) }
+                seen.withLock { $0.append(message.member ?? "?") }
+            })
+        let call = DBusMessage.methodCall(
+            destination: server.uniqueName, path: "/o", interface: "org.example.Ordered", method: "Snapshot",
+            body: [])
+        let reply = try await listener.call(
+            call,
+            inOrder: { reply in
+                threads.withLock { _ = $0.insert(currentThreadName()) }
+                seen.withLock { $0.append("reply:\(reply.body.first?.string ?? "")") }
+            })
+        #expect(reply.body.first?.string == "snapshot")
+        try await eventually(10, "the After signal") { seen.withLock { $0.count } == 3 }
+        // Handled in wire order on the I/O thread: a consumer that loads the snapshot in `inOrder` applies
+        // exactly the signals that came after it.
+        #expect(seen.withLock { $0 } == ["Before", "reply:snapshot", "After"])
+        #expect(threads.withLock { $0 } == ["dbus-io"])
+        // Cancelled: no more handler calls, and the bus forgets the rule.
+        subscription.cancel()
+        try server.emitSignal(path: "/o", interface: "org.example.Ordered", name: "Late")
+        let marker = try await listener.signals(matching: DBusMatchRule(interface: "org.example.Marker"))
+        try server.emitSignal(path: "/o", interface: "org.example.Marker", name: "End")
+        #expect(await members(until: marker) == [])
+        #expect(seen.withLock { $0.count } == 3)
+    }
+
+    @Test func anErrorReplyIsNotHandedToInOrder() async throws {
+        let fixture = try await BusFixture()
+        let listener = try fixture.connect()
+        let handed = Mutex(0)
+        let call = DBusMessage.methodCall(
+            destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
+            method: "GetNameOwner", body: [.string("org.example.Nobody")])
+        await #expect(throws: DBusError.self) {
+            _ = try await listener.call(call, inOrder: { _ in handed.withLock { $0 += 1 } })
+        }
+        #expect(handed.withLock { $0 } == 0)
     }
 }
