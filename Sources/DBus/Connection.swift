@@ -200,13 +200,7 @@ public final class DBusConnection: Sendable {
     public func call(_ message: DBusMessage, timeout: Duration = .seconds(25)) async throws(DBusError)
         -> DBusMessage
     {
-        guard message.type == .methodCall else {
-            throw DBusError(name: DBusError.invalidArgs, message: "only method calls can be awaited")
-        }
-        var message = message
-        message.noReplyExpected = false
-        let built = try Marshal.build(message)
-        try checkFDs(message.body)
+        let (built, message) = try buildCall(message)
         let reply = try await Self.awaitReply(core, built, timeout: timeout, to: message)
         let decoded = try Marshal.decode(reply.pointer)
         if let error = decoded.error { throw error }
@@ -222,15 +216,10 @@ public final class DBusConnection: Sendable {
         _ message: DBusMessage, timeout: Duration = .seconds(25),
         inOrder: @escaping @Sendable (DBusMessage) -> Void
     ) async throws(DBusError) -> DBusMessage {
-        guard message.type == .methodCall else {
-            throw DBusError(name: DBusError.invalidArgs, message: "only method calls can be awaited")
-        }
-        var message = message
-        message.noReplyExpected = false
-        let built = try Marshal.build(message)
-        try checkFDs(message.body)
+        let (built, message) = try buildCall(message)
+        // Decoded once, on the I/O thread; the awaiting task takes the same value.
         let decoded = Mutex<Result<DBusMessage, DBusError>?>(nil)
-        let outcome = await core.call(built, timeout: timeout) { outcome in
+        _ = try await Self.awaitReply(core, built, timeout: timeout, to: message) { outcome in
             guard case .success(let reply) = outcome else { return }
             do throws(DBusError) {
                 let message = try Marshal.decode(reply.pointer)
@@ -240,27 +229,34 @@ public final class DBusConnection: Sendable {
                 decoded.withLock { $0 = .failure(error) }
             }
         }
-        switch outcome {
-        case .success:
-            guard let result = decoded.withLock({ $0 }) else {
-                throw DBusError(name: DBusError.failed, message: "the reply was not decoded")
-            }
-            let reply = try result.get()
-            if let error = reply.error { throw error }
-            return reply
-        case .failure(let error):
-            let call = "\(message.interface ?? "").\(message.member ?? "") on \(message.path?.rawValue ?? "/")"
-            let peer = message.destination.map { " (\($0))" } ?? ""
-            throw DBusError(name: error.name, message: "\(call)\(peer): \(error.message)")
+        guard let result = decoded.withLock({ $0 }) else {
+            throw DBusError(name: DBusError.failed, message: "the reply was not decoded")
         }
+        let reply = try result.get()
+        if let error = reply.error { throw error }
+        return reply
     }
 
-    /// Awaits the reply to `message`. A failure of this side (connection closed or lost, cancelled, out of memory)
-    /// names the call, so that a log line says which call it cut short; error replies from the peer pass unchanged.
+    /// A method call ready to send (a reply wanted), and the message as sent.
+    private func buildCall(_ message: DBusMessage) throws(DBusError) -> (CMessage, DBusMessage) {
+        guard message.type == .methodCall else {
+            throw DBusError(name: DBusError.invalidArgs, message: "only method calls can be awaited")
+        }
+        var message = message
+        message.noReplyExpected = false
+        let built = try Marshal.build(message)
+        try checkFDs(message.body)
+        return (built, message)
+    }
+
+    /// Awaits the reply to `message` (handed to `onIOThread` first, on the I/O thread, when given). A failure of
+    /// this side (connection closed or lost, cancelled, out of memory) names the call, so that a log line says
+    /// which call it cut short; error replies from the peer pass unchanged.
     private static func awaitReply(
-        _ core: ConnectionCore, _ built: CMessage, timeout: Duration, to message: DBusMessage
+        _ core: ConnectionCore, _ built: CMessage, timeout: Duration, to message: DBusMessage,
+        onIOThread: (@Sendable (PendingCall.Outcome) -> Void)? = nil
     ) async throws(DBusError) -> CMessage {
-        switch await core.call(built, timeout: timeout) {
+        switch await core.call(built, timeout: timeout, onIOThread: onIOThread) {
         case .success(let reply):
             return reply
         case .failure(let error):

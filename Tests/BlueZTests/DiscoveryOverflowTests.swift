@@ -74,16 +74,7 @@ import Testing
 
 @Suite struct DiscoveryConsumerTests {
     @Test func aConsumerGetsTheEventsOnTheIOThreadAsTheyHappen() async throws {
-        let scenario = """
-            settings: {temporary_timeout: 30}
-            adapters: [{id: hci0, address: "00:1A:7D:DA:71:10"}]
-            peripherals:
-            """
-            + fastBeacons.map {
-                "\n  - {address: \"\($0)\", connectable: false, rssi: -60, rssi_jitter: 8, "
-                    + "advertising_interval: 0.02, "
-                    + "service_uuids: [FEAA]}"
-            }.joined()
+        let scenario = fastBeaconScenario
         let t = try await SimClient(scenario)
         struct Seen {
             var story: [String: [String]] = [:]
@@ -143,17 +134,21 @@ func currentThreadName() -> String {
 
 let fastBeacons = ["C0:FF:EE:00:01:01", "C0:FF:EE:00:01:02", "C0:FF:EE:00:01:03"]
 
+/// Three beacons advertising every 20 ms with a jittering RSSI (so that every advertisement is a change).
+let fastBeaconScenario =
+    """
+    settings: {temporary_timeout: 30}
+    adapters: [{id: hci0, address: "00:1A:7D:DA:71:10"}]
+    peripherals:
+    """
+    + fastBeacons.map {
+        "\n  - {address: \"\($0)\", connectable: false, rssi: -60, rssi_jitter: 8, "
+            + "advertising_interval: 0.02, service_uuids: [FEAA]}"
+    }.joined()
+
 @Suite struct DiscoveryOverflowTests {
     @Test func aSlowConsumerIsToldOfADeviceLostWhileItsEventsWereDropped() async throws {
-        let scenario = """
-            settings: {temporary_timeout: 30}
-            adapters: [{id: hci0, address: "00:1A:7D:DA:71:10"}]
-            peripherals:
-            """
-            + fastBeacons.map {
-                "\n  - {address: \"\($0)\", connectable: false, rssi: -60, rssi_jitter: 8, "
-                    + "advertising_interval: 0.02, service_uuids: [FEAA]}"
-            }.joined()
+        let scenario = fastBeaconScenario
         let t = try await SimClient(scenario)
         let discovery = try await t.client.startDiscovery(
             on: try await t.adapter,
