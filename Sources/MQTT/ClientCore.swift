@@ -160,6 +160,19 @@ final class ClientCore: Sendable {
     private let wakeup = DispatchSemaphore(value: 0)
     private let window: Int
     private let isV5: Bool
+    /// Plain TCP: the loop thread polls only the broker socket (not libmosquitto's own wake-up pair, and with no
+    /// descriptor of ours besides), and a thread that hands libmosquitto a packet writes it out itself
+    /// (`writeOut`). libmosquitto's threaded mode would wake the loop thread for every publish instead: a context
+    /// switch per message. Reads and writes of one socket may run on two threads; libmosquitto serialises its
+    /// writers with its own mutex. Under TLS one SSL object must not be read and written at once, so there the loop
+    /// thread does both (`mosquitto_loop`).
+    private let writesFromCaller: Bool
+    /// The loop thread, once it runs: it never writes from inside a callback (libmosquitto holds its callback
+    /// mutex there, which the write path's "sent" callback takes again).
+    private let loopThread = Mutex<pthread_t?>(nil)
+    /// libmosquitto's result when a write from a caller's thread found the connection broken (it closed the socket
+    /// and reported the disconnection); the loop thread takes it as the reason.
+    private let callerWriteFailure = Atomic<Int32>(0)
 
     init(configuration: MQTTConfiguration) throws(MQTTError) {
         try configuration.validate()
@@ -167,6 +180,7 @@ final class ClientCore: Sendable {
         handle = try MosquittoHandle(clientID: configuration.clientID, cleanSession: configuration.cleanSession)
         window = configuration.maxInflightMessages
         isV5 = configuration.protocolVersion == .v5
+        writesFromCaller = !configuration.broker.usesTLS
         mosquitto_user_data_set(handle.raw, Unmanaged.passUnretained(self).toOpaque())
         installCallbacks()
     }
@@ -214,6 +228,8 @@ final class ClientCore: Sendable {
         stopRequested.store(true, ordering: .sequentiallyConsistent)
         if wasRunning {
             // Wakes the loop (DISCONNECT goes out after anything already handed to libmosquitto) or the backoff.
+            // The loop thread writes the DISCONNECT (after anything already handed to libmosquitto) when its poll
+            // returns (on plain TCP at the latest after `ownLoopPoll`), or the backoff ends.
             _ = mosquitto_disconnect(handle.raw)
             wakeup.signal()
         } else if state.withLock({ $0.lifecycle == .stopped }) && finished.result == nil {
@@ -318,6 +334,8 @@ final class ClientCore: Sendable {
     // MARK: The loop thread
 
     private func runLoop(connectProperties: MosquittoProperties) {
+        loopThread.withLock { $0 = pthread_self() }
+        let useOwnLoop = writesFromCaller
         let raw = handle.raw
         let config = configuration
         let keepAlive = Int32(config.keepAlive.components.seconds)
@@ -341,9 +359,13 @@ final class ClientCore: Sendable {
                 rc = mosquitto_reconnect(raw)
             }
             if rc == Mosquitto.success {
-                repeat {
-                    rc = mosquitto_loop(raw, 1000, 1)
-                } while rc == Mosquitto.success && !stopping
+                if useOwnLoop {
+                    rc = serviceConnection(raw)
+                } else {
+                    repeat {
+                        rc = mosquitto_loop(raw, 1000, 1)
+                    } while rc == Mosquitto.success && !stopping
+                }
             }
             if stopping { break }
             let extra = lastLog.withLock { $0 }
@@ -374,15 +396,66 @@ final class ClientCore: Sendable {
         finishEverything()
     }
 
+    /// Serves one connection over plain TCP until it ends or the client stops: reads what the broker sends, writes
+    /// what libmosquitto queued itself (acknowledgements, pings, CONNECT) or what a caller could not write, and runs
+    /// libmosquitto's timers. Returns libmosquitto's reason for the end.
+    private func serviceConnection(_ raw: OpaquePointer) -> Int32 {
+        callerWriteFailure.store(0, ordering: .relaxed)
+        while !stopping {
+            let socket = mosquitto_socket(raw)
+            guard socket >= 0 else {
+                let failure = callerWriteFailure.exchange(0, ordering: .relaxed)
+                return failure != 0 ? failure : MOSQ_ERR_NO_CONN.rawValue
+            }
+            let wantsWrite = mosquitto_want_write(raw)
+            var fd = pollfd(fd: socket, events: Int16(POLLIN) | (wantsWrite ? Int16(POLLOUT) : 0), revents: 0)
+            let n = poll(&fd, 1, ClientCore.ownLoopPoll)
+            if n < 0 {
+                if errno == EINTR { continue }
+                return MOSQ_ERR_ERRNO.rawValue
+            }
+            if fd.revents != 0 && mosquitto_socket(raw) >= 0 {
+                let rc = mosquitto_loop_read(raw, 1)
+                if rc != Mosquitto.success { return rc }
+            }
+            if mosquitto_socket(raw) >= 0 && mosquitto_want_write(raw) {
+                let rc = mosquitto_loop_write(raw, 1)
+                if rc != Mosquitto.success { return rc }
+            }
+            if mosquitto_socket(raw) >= 0 {
+                let rc = mosquitto_loop_misc(raw)
+                if rc != Mosquitto.success { return rc }
+            }
+        }
+        return Mosquitto.success
+    }
+
     /// Corks (`true`) or uncorks the broker socket (TCP_CORK, tcp(7)): while corked, what is written waits in the
-    /// socket (at most 200 ms, the kernel's bound) and leaves in full segments when uncorked. Plain TCP only (under
-    /// TLS the record layer decides what goes out).
+    /// socket (at most 200 ms, the kernel's bound) and leaves in full segments when uncorked. Plain TCP only.
     func cork(_ on: Bool) {
-        guard !configuration.broker.usesTLS else { return }
+        guard writesFromCaller else { return }
         let socket = mosquitto_socket(handle.raw)
         guard socket >= 0 else { return }
         var value: Int32 = on ? 1 : 0
         _ = setsockopt(socket, Int32(IPPROTO_TCP), TCP_CORK, &value, socklen_t(MemoryLayout<Int32>.size))
+    }
+
+    /// How long the plain-TCP loop waits in poll (ms): what nothing else wakes it for (a stop, a write from
+    /// another thread that found the connection broken) waits at most this long. It has no wake-up descriptor (the
+    /// process may hold more than select's 1,024, and libmosquitto's TLS loop uses select); twenty wake-ups a
+    /// second cost nothing measurable.
+    static let ownLoopPoll: Int32 = 50
+
+    /// After handing libmosquitto a packet: on plain TCP, writes it out from this thread (no loop wake-up per
+    /// message); on the loop thread itself, or under TLS, the loop writes it.
+    private func writeOut() {
+        guard writesFromCaller else { return }
+        if let loop = loopThread.withLock({ $0 }), pthread_equal(loop, pthread_self()) != 0 { return }
+        let rc = mosquitto_loop_write(handle.raw, 1)
+        if rc != Mosquitto.success {
+            // libmosquitto closed the socket and reported the disconnection; the loop thread reconnects.
+            callerWriteFailure.store(rc, ordering: .relaxed)
+        }
     }
 
     /// Fails everything still waiting, ends every stream, and marks the loop finished.
@@ -534,6 +607,7 @@ final class ClientCore: Sendable {
             return rc
         }
         withExtendedLifetime(properties) {}
+        if rc == Mosquitto.success { writeOut() }
         if keptByLibrary(rc) {
             if message.qos == .atMostOnce { item.completion.complete(.success(())) }
             return .sent
@@ -659,6 +733,7 @@ final class ClientCore: Sendable {
             }
             return rc
         }
+        if rc == Mosquitto.success { writeOut() }
         if rc == MOSQ_ERR_NO_CONN.rawValue { return .notConnected }
         guard rc == Mosquitto.success else {
             let error = Mosquitto.error(rc, "subscribe to \(filter)")
@@ -706,12 +781,14 @@ final class ClientCore: Sendable {
 
     /// Sends UNSUBSCRIBE and records `completion` as its waiter; returns libmosquitto's result.
     private func sendUnsubscribe(filter: String, completion: Completion<Void>) -> Int32 {
-        handoff.withLock { _ in
+        let rc = handoff.withLock { _ in
             var mid: Int32 = 0
             let rc = mosquitto_unsubscribe_v5(handle.raw, &mid, filter, nil)
             if rc == Mosquitto.success { state.withLock { $0.unsubscribeWaiters[mid] = completion } }
             return rc
         }
+        if rc == Mosquitto.success { writeOut() }
+        return rc
     }
 
     // MARK: Callbacks (loop thread)

@@ -92,8 +92,7 @@ public final class MQTTClient: Sendable {
     /// Holds back what is written to the broker until `releaseWrites()`, so that the messages published in between
     /// leave in as few TCP segments as possible (one wake-up of the broker, one burst of acknowledgements, instead
     /// of one each). For a caller that publishes several messages in one go; keep the span short (the kernel sends
-    /// anyway after 200 ms). Does nothing under TLS or while disconnected. What the loop thread writes after
-    /// `releaseWrites()` leaves at once, as usual.
+    /// anyway after 200 ms). Does nothing under TLS or while disconnected.
     public func holdWrites() { core.cork(true) }
 
     /// Sends what `holdWrites()` held back.

@@ -29,8 +29,8 @@ import Testing
         #expect(publisher.connectionState == .stopped)
     }
 
-    /// What is published between holdWrites() and releaseWrites() (the socket corked) all arrives, in order per
-    /// QoS, and every QoS 1 message is acknowledged.
+    /// What is published between holdWrites() and releaseWrites() (the socket corked, each packet written by the
+    /// publishing thread itself) all arrives, in order per QoS, and every QoS 1 message is acknowledged.
     @Test(arguments: [MQTTProtocolVersion.v311, .v5])
     func heldWritesAllArriveInOrder(version: MQTTProtocolVersion) async throws {
         let broker = try await MosquittoBroker.start()
