@@ -31,8 +31,9 @@ def row(args):
     window = (t1 - t0) / 1e9
     ref_in = [r for r in ref if t0 <= r[0] <= t1]
     ours_in = [r for r in ours if t0 <= r[0] <= t1]
-    # Lost: an advertisement ref received in the window that ours never delivered (within the grace after the window).
-    have = collections.Counter((d, k) for t, d, k in ours if t0 <= t <= t1 + GRACE_NS)
+    # Lost: an advertisement ref received in the window that ours never delivered (within the grace around the window:
+    # at the window's start ours may have taken a signal a moment before ref did).
+    have = collections.Counter((d, k) for t, d, k in ours if t0 - GRACE_NS <= t <= t1 + GRACE_NS)
     lost = 0
     for _, d, k in ref_in:
         if have[(d, k)] > 0:

@@ -386,6 +386,42 @@ enum Marshal {
         return String(cString: raw)
     }
 
+    private static func isBasic(_ code: Int32) -> Bool {
+        switch code {
+        case TypeCode.byte, TypeCode.boolean, TypeCode.int16, TypeCode.uint16, TypeCode.int32, TypeCode.uint32,
+            TypeCode.int64, TypeCode.uint64, TypeCode.double, TypeCode.string, TypeCode.objectPath,
+            TypeCode.signature, TypeCode.unixFD:
+            return true
+        default:
+            return false
+        }
+    }
+
+    /// The one-character signature of a type code (a small string: no allocation).
+    private static func signatureText(_ code: Int32) -> String {
+        String(UnicodeScalar(UInt8(truncatingIfNeeded: code)))
+    }
+
+    /// The key and value signatures of the dictionary at `iter` (`first` is recursed into it). The common shapes,
+    /// a basic value or a variant (`a{sv}`, `a{qv}`), are read off the first entry's type codes; any other (and an
+    /// empty dictionary) from libdbus's signature.
+    private static func entrySignature(_ iter: inout DBusMessageIter, first: inout DBusMessageIter) -> (String, String)
+    {
+        if dbus_message_iter_get_arg_type(&first) == TypeCode.dictEntry {
+            var entry = DBusMessageIter()
+            dbus_message_iter_recurse(&first, &entry)
+            let keyCode = dbus_message_iter_get_arg_type(&entry)
+            dbus_message_iter_next(&entry)
+            let valueCode = dbus_message_iter_get_arg_type(&entry)
+            if isBasic(keyCode), isBasic(valueCode) || valueCode == TypeCode.variant {
+                return (signatureText(keyCode), signatureText(valueCode))
+            }
+        }
+        // "a{kv...}": the key is one basic type code.
+        let inner = currentSignature(&iter).dropFirst(2).dropLast()
+        return (String(inner.prefix(1)), String(inner.dropFirst()))
+    }
+
     private static func read(_ iter: inout DBusMessageIter) throws(DBusError) -> DBusValue {
         let code = dbus_message_iter_get_arg_type(&iter)
         switch code {
@@ -419,14 +455,9 @@ enum Marshal {
                 guard let pointer, count > 0 else { return .bytes([]) }
                 return .bytes(Array(UnsafeBufferPointer(start: pointer, count: Int(count))))
             }
-            let signature = currentSignature(&iter)
-            let element = String(signature.dropFirst())
             dbus_message_iter_recurse(&iter, &sub)
             if elementCode == TypeCode.dictEntry {
-                // element is "{kv...}": the key is one basic type code.
-                let inner = element.dropFirst().dropLast()
-                let key = String(inner.prefix(1))
-                let value = String(inner.dropFirst())
+                let (key, value) = entrySignature(&iter, first: &sub)
                 var entries: [DBusDictEntry] = []
                 while dbus_message_iter_get_arg_type(&sub) == TypeCode.dictEntry {
                     var entryIter = DBusMessageIter()
@@ -439,6 +470,9 @@ enum Marshal {
                 }
                 return .dictionary(key: DBusSignature(unchecked: key), value: DBusSignature(unchecked: value), entries)
             }
+            // A basic element's signature is its type code (no allocation); others are asked of libdbus.
+            let element =
+                isBasic(elementCode) ? signatureText(elementCode) : String(currentSignature(&iter).dropFirst())
             var elements: [DBusValue] = []
             while dbus_message_iter_get_arg_type(&sub) != TypeCode.invalid {
                 elements.append(try read(&sub))

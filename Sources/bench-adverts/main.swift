@@ -35,8 +35,19 @@ while let a = arguments.popFirst() {
 }
 guard let address, let out else { fail("--bus ADDRESS and --out FILE are required") }
 
+// Allocation counting: bench/adverts.sh preloads bench/malloc-count.c, which counts malloc/calloc/realloc calls
+// and exports blebridge_malloc_count(); without it no allocation figure is printed.
+typealias AllocationCounter = @convention(c) () -> UInt
+
+let allocationCounter: AllocationCounter? = {
+    guard let symbol = dlsym(nil, "blebridge_malloc_count") else { return nil }
+    return unsafeBitCast(symbol, to: AllocationCounter.self)
+}()
+
 /// Records, written by the event loop and read by the signal handler after it stopped; one writer at a time.
 final class Recorder: @unchecked Sendable {
+    /// Allocations and events when the 1,000th event was recorded (after the start-up's own allocations).
+    var baseline: (allocations: UInt, events: Int)?
     var t: [Int64] = []
     var device: [Int32] = []
     var key: [Int32] = []
@@ -102,7 +113,12 @@ let stopSources = [SIGTERM, SIGINT].map { number -> any DispatchSourceSignal in
                 fputs("d \(recorder.t[i]) \(recorder.device[i]) \(recorder.key[i])\n", f)
             }
             fclose(f)
-            say("\(recorder.t.count) events, \(recorder.decoded) decoded, \(recorder.errors) rejected")
+            var allocations = ""
+            if let count = allocationCounter, let base = recorder.baseline, recorder.t.count > base.events {
+                let per = Double(count() - base.allocations) / Double(recorder.t.count - base.events)
+                allocations = ", \((per * 10).rounded() / 10) allocations per event"
+            }
+            say("\(recorder.t.count) events, \(recorder.decoded) decoded, \(recorder.errors) rejected\(allocations)")
         }
         exit(0)
     }
@@ -145,6 +161,7 @@ let bthome = AdvertisementSource.serviceData(BluetoothUUID(UInt16(0xFCD2)))
         recorder.t.append(t)
         recorder.device.append(n)
         recorder.key.append(key)
+        if recorder.t.count == 1000, let count = allocationCounter { recorder.baseline = (count(), 1000) }
     }
 }
 

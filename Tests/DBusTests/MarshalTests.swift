@@ -26,6 +26,9 @@ let everyType: [DBusValue] = [
         ]),
     .dictionary(key: "o", value: "a{sa{sv}}", []),
     .dictionary(key: "h", value: "s", []),
+    // Read off the first entry's type codes (basic value), and from libdbus's signature (a struct value).
+    .dictionary(key: "s", value: "s", [DBusDictEntry(key: .string("k"), value: .string("v"))]),
+    .dictionary(key: "u", value: "(ii)", [DBusDictEntry(key: .uint32(7), value: .structure([.int32(1), .int32(2)]))]),
     .structure([.int32(1), .string("two"), .structure([.double(3.0), .array("i", [.int32(4)])])]),
     .variant(.array("v", [.variant(.boolean(true)), .variant(.bytes([9]))])),
     .variant(.structure([.objectPath("/a"), .signature("(ii)")])),
