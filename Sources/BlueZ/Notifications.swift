@@ -51,7 +51,7 @@ final class NotifySession: Sendable {
     private let continuation: AsyncThrowingStream<[UInt8], any Error>.Continuation
     /// Turns the error the stream ends with into the one its consumer expects.
     private let mapError: @Sendable (BlueZError) -> any Error
-    /// When set, every value goes to it, on the thread that read it (the notify reader, or the mirror's task for
+    /// When set, every value goes to it, on the thread that read it (the notify reader, or the D-Bus I/O thread for
     /// StartNotify), instead of into the stream; the stream then only ends.
     private let consumer: (@Sendable ([UInt8]) -> Void)?
 

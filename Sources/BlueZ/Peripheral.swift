@@ -685,7 +685,7 @@ public final class BlueZPeripheral: Sendable {
     /// - Throws: what `notifications(for:preferAcquire:)` throws (unmapped).
     ///
     /// With `consumer`, every value is handed to it on the thread that read it (one thread reads every
-    /// AcquireNotify socket; under StartNotify the mirror's task), in order, instead of being queued in the stream:
+    /// AcquireNotify socket; under StartNotify the D-Bus I/O thread), in order, instead of being queued in the stream:
     /// no thread hop per notification. The consumer must not block. The returned stream then carries no values and
     /// only ends (as above).
     public func notifications(

@@ -15,7 +15,7 @@ public final class BlueZCentral: BLECentral {
     let stream: AsyncStream<BLECentralEvent>
 
     struct State {
-        var discoveries: [String: (BlueZDiscovery, Task<Void, Never>)] = [:]
+        var discoveries: [String: BlueZDiscovery] = [:]
         var request: BLEScanRequest?
         var eventsTask: Task<Void, Never>?
         var closed = false
@@ -103,18 +103,13 @@ public final class BlueZCentral: BLECentral {
     /// The adapters now.
     public func adapters() -> [BLEAdapterInfo] { client.adapters.map(Self.info) }
 
+    /// Forgets the adapter's discovery (released, it ends its BlueZ session).
     func dropDiscovery(_ name: String) {
-        let old = state.withLock { $0.discoveries.removeValue(forKey: name) }
-        old?.1.cancel()
+        _ = state.withLock { $0.discoveries.removeValue(forKey: name) }
     }
 
     func dropDiscoveries() {
-        let old = state.withLock { s -> [(BlueZDiscovery, Task<Void, Never>)] in
-            let all = Array(s.discoveries.values)
-            s.discoveries = [:]
-            return all
-        }
-        for (_, task) in old { task.cancel() }
+        state.withLock { $0.discoveries = [:] }
     }
 
     /// Scans on every selected, powered adapter (replacing earlier scans).
@@ -134,34 +129,20 @@ public final class BlueZCentral: BLECentral {
             passive: request.passive)
         var firstError: BLEError?
         for adapter in selected {
-            let old = state.withLock { $0.discoveries.removeValue(forKey: adapter.name) }
-            if let old {
-                old.1.cancel()
-                await old.0.stop()
-            }
+            if let old = state.withLock({ $0.discoveries.removeValue(forKey: adapter.name) }) { await old.stop() }
             do {
+                // Each event is turned into the core's on the D-Bus I/O thread as its signal is dispatched, and
+                // goes to the bridge's handler when it asked for one, else into `events()`. The discovery calls
+                // the consumer one event at a time, which makes the cache's unsynchronised use safe.
                 let name = adapter.name
-                let discovery: BlueZDiscovery
-                let task: Task<Void, Never>
-                if let deliver = state.withLock({ $0.scanResults }) {
-                    // On the D-Bus I/O thread as each signal is dispatched; the discovery calls the consumer one
-                    // event at a time, which is what makes the cache's unsynchronised use safe.
-                    let parsed = TextCacheBox()
-                    discovery = try await client.startDiscovery(on: adapter, filter: filter) { event in
-                        if let e = Self.scanResult(event, adapter: name, cache: &parsed.cache) { deliver(e) }
-                    }
-                    task = Task { for await _ in discovery.events {} }
-                } else {
-                    discovery = try await client.startDiscovery(on: adapter, filter: filter)
-                    task = Task { [continuation] in
-                        // Parsed addresses and UUIDs, by their text: the same few come with every advertisement.
-                        var parsed = AdvertisementTextCache()
-                        for await event in discovery.events {
-                            if let e = Self.scanResult(event, adapter: name, cache: &parsed) { continuation.yield(e) }
-                        }
-                    }
+                let continuation = self.continuation
+                let toEvents: @Sendable (BLECentralEvent) -> Void = { event in continuation.yield(event) }
+                let deliver = state.withLock { $0.scanResults } ?? toEvents
+                let parsed = TextCacheBox()
+                let discovery = try await client.startDiscovery(on: adapter, filter: filter) { event in
+                    if let e = Self.scanResult(event, adapter: name, cache: &parsed.cache) { deliver(e) }
                 }
-                state.withLock { $0.discoveries[adapter.name] = (discovery, task) }
+                state.withLock { $0.discoveries[adapter.name] = discovery }
             } catch {
                 logger.warning("cannot scan on \(adapter.name): \(error)")
                 firstError = firstError ?? Self.classify(error)
@@ -170,7 +151,8 @@ public final class BlueZCentral: BLECentral {
         if state.withLock({ $0.discoveries.isEmpty }), let firstError { throw firstError }
     }
 
-    /// Scan results go to `deliver` from the next scan on (see `BLECentral.deliverScanResults(to:)`).
+    /// Scan results go to `deliver` from the next scan on, instead of `events()` (see
+    /// `BLECentral.deliverScanResults(to:)`).
     public func deliverScanResults(to deliver: @escaping @Sendable (BLECentralEvent) -> Void) {
         state.withLock { $0.scanResults = deliver }
     }
@@ -207,15 +189,11 @@ public final class BlueZCentral: BLECentral {
 
     /// Stops every scan.
     public func stopScanning() async {
-        let all = state.withLock { s -> [(BlueZDiscovery, Task<Void, Never>)] in
-            let all = Array(s.discoveries.values)
-            s.discoveries = [:]
-            return all
+        let all = state.withLock { s -> [BlueZDiscovery] in
+            defer { s.discoveries = [:] }
+            return Array(s.discoveries.values)
         }
-        for (discovery, task) in all {
-            task.cancel()
-            await discovery.stop()
-        }
+        for discovery in all { await discovery.stop() }
     }
 
     /// Connects and resolves services; reads every 0x2904 presentation format descriptor.

@@ -539,8 +539,8 @@ public final class DBusSignalSubscription: Sendable {
         self.tracker = tracker
     }
 
-    /// Removes the handler and the match rule (and the owner tracking a well-known sender needed). A handler
-    /// already running on the I/O thread finishes first only if the caller is that thread.
+    /// Removes the handler and the match rule (and the owner tracking a well-known sender needed). Called from
+    /// another thread, a handler already running on the I/O thread may still finish after this returns.
     public func cancel() {
         guard !cancelled.exchange(true, ordering: .acquiringAndReleasing) else { return }
         core.removeSubscription(id, removeMatch: true)

@@ -386,17 +386,6 @@ enum Marshal {
         return String(cString: raw)
     }
 
-    private static func isBasic(_ code: Int32) -> Bool {
-        switch code {
-        case TypeCode.byte, TypeCode.boolean, TypeCode.int16, TypeCode.uint16, TypeCode.int32, TypeCode.uint32,
-            TypeCode.int64, TypeCode.uint64, TypeCode.double, TypeCode.string, TypeCode.objectPath,
-            TypeCode.signature, TypeCode.unixFD:
-            return true
-        default:
-            return false
-        }
-    }
-
     /// The one-character signature of a type code (a small string: no allocation).
     private static func signatureText(_ code: Int32) -> String {
         String(UnicodeScalar(UInt8(truncatingIfNeeded: code)))
@@ -413,7 +402,7 @@ enum Marshal {
             let keyCode = dbus_message_iter_get_arg_type(&entry)
             dbus_message_iter_next(&entry)
             let valueCode = dbus_message_iter_get_arg_type(&entry)
-            if isBasic(keyCode), isBasic(valueCode) || valueCode == TypeCode.variant {
+            if dbus_type_is_basic(keyCode) != 0, dbus_type_is_basic(valueCode) != 0 || valueCode == TypeCode.variant {
                 return (signatureText(keyCode), signatureText(valueCode))
             }
         }
@@ -472,7 +461,8 @@ enum Marshal {
             }
             // A basic element's signature is its type code (no allocation); others are asked of libdbus.
             let element =
-                isBasic(elementCode) ? signatureText(elementCode) : String(currentSignature(&iter).dropFirst())
+                dbus_type_is_basic(elementCode) != 0
+                ? signatureText(elementCode) : String(currentSignature(&iter).dropFirst())
             var elements: [DBusValue] = []
             while dbus_message_iter_get_arg_type(&sub) != TypeCode.invalid {
                 elements.append(try read(&sub))

@@ -335,7 +335,6 @@ final class ClientCore: Sendable {
 
     private func runLoop(connectProperties: MosquittoProperties) {
         loopThread.withLock { $0 = pthread_self() }
-        let useOwnLoop = writesFromCaller
         let raw = handle.raw
         let config = configuration
         let keepAlive = Int32(config.keepAlive.components.seconds)
@@ -359,7 +358,7 @@ final class ClientCore: Sendable {
                 rc = mosquitto_reconnect(raw)
             }
             if rc == Mosquitto.success {
-                if useOwnLoop {
+                if writesFromCaller {
                     rc = serviceConnection(raw)
                 } else {
                     repeat {

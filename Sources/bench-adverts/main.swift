@@ -138,18 +138,18 @@ let bthome = AdvertisementSource.serviceData(BluetoothUUID(UInt16(0xFCD2)))
     let t = nowNS()
     var key: Int32 = -1
     var ok: Bool?
-    if let payload = d.manufacturerData[0x0499] {
-        do {
-            let r = try registry.decode(ruuvi, payload, context: AdvertisementContext(mac: d.address))
-            if case .int(let s)? = r["measurement_sequence"] { key = Int32(truncatingIfNeeded: s) }
-            ok = true
-        } catch {
-            ok = false
+    let found: (AdvertisementSource, [UInt8], String)? =
+        if let payload = d.manufacturerData[0x0499] {
+            (ruuvi, payload, "measurement_sequence")
+        } else if let payload = d.serviceData.first(where: { $0.key.lowercased().hasPrefix("0000fcd2") })?.value {
+            (bthome, payload, "packet_id")
+        } else {
+            nil
         }
-    } else if let payload = d.serviceData.first(where: { $0.key.lowercased().hasPrefix("0000fcd2") })?.value {
+    if let (source, payload, field) = found {
         do {
-            let r = try registry.decode(bthome, payload, context: AdvertisementContext(mac: d.address))
-            if case .int(let s)? = r["packet_id"] { key = Int32(truncatingIfNeeded: s) }
+            let r = try registry.decode(source, payload, context: AdvertisementContext(mac: d.address))
+            if case .int(let s)? = r[field] { key = Int32(truncatingIfNeeded: s) }
             ok = true
         } catch {
             ok = false

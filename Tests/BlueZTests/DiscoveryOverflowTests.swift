@@ -2,7 +2,6 @@
 // consumer then gets the current devices from the tree, including `lost` for a device removed while its own `lost`
 // event was dropped.
 import DBus
-import Glibc
 import Synchronization
 import TestSupport
 import Testing
@@ -124,15 +123,6 @@ import Testing
         await discovery.stop()
         try await within(10, "the end of the events") { for await _ in discovery.events {} }
     }
-}
-
-/// The name of the calling thread, from /proc.
-func currentThreadName() -> String {
-    guard let f = fopen("/proc/thread-self/comm", "r") else { return "?" }
-    defer { fclose(f) }
-    var line = [CChar](repeating: 0, count: 64)
-    guard fgets(&line, 64, f) != nil else { return "?" }
-    return String(decoding: line.prefix { $0 != 0 && $0 != 10 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }
 
 let fastBeacons = ["C0:FF:EE:00:01:01", "C0:FF:EE:00:01:02", "C0:FF:EE:00:01:03"]

@@ -406,12 +406,6 @@ func members(until stream: DBusSignalStream) async -> [String] {
     }
 }
 
-/// The name of the calling thread, from /proc.
-private func currentThreadName() -> String {
-    (try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8))?
-        .trimmingCharacters(in: .whitespacesAndNewlines) ?? "?"
-}
-
 @Suite struct SignalHandlerTests {
     @Test func handlersRunOnTheIOThreadInOrderAndAnOrderedReplyTakesItsPlaceAmongThem() async throws {
         let fixture = try await BusFixture()

@@ -645,3 +645,9 @@ public final class MosquittoBroker: @unchecked Sendable {
         try await Self.waitUntilListening(port: port, process: process)
     }
 }
+
+/// The name of the calling thread (`/proc/thread-self/comm`), for tests that check where a callback ran.
+public func currentThreadName() -> String {
+    (try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8))?
+        .trimmingCharacters(in: .whitespacesAndNewlines) ?? "?"
+}
