@@ -241,6 +241,23 @@ public final class BlueZClient: Sendable {
 
     fileprivate var isClosed: Bool { core.withLock { $0.closed } }
 
+    /// A signal read in place: discovery's advertisement updates are applied as they are read; anything else is
+    /// decoded and applied as a message.
+    fileprivate func dispatch(_ signal: DBusSignalView) {
+        let result = core.withLock {
+            core -> (BlueZTreeEvent, BlueZObjectTree, [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void])? in
+            guard signal.isSignal(interface: BlueZName.properties, member: "PropertiesChanged"),
+                let event = core.tree.applyAdvertisement(signal)
+            else { return nil }
+            return (event, core.tree, core.handlers)
+        }
+        if let (event, tree, handlers) = result {
+            for h in handlers { h(event, tree) }
+        } else if let message = try? signal.decode() {
+            dispatch(message)
+        }
+    }
+
     fileprivate func dispatch(_ message: DBusMessage) {
         let result = core.withLock {
             core -> (BlueZTreeEvent, BlueZObjectTree, [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void])? in
@@ -597,7 +614,7 @@ enum BlueZClientPump {
             do {
                 subscribed = try await connection.signals(
                     matching: DBusMatchRule(type: .signal, sender: owner), ended: { feed.end() },
-                    handler: { [weak box] message in feed.receive { box?.value?.dispatch(message) } })
+                    reader: { [weak box] signal in feed.receive { box?.value?.dispatch(signal) } })
             } catch {
                 box.value?.logger.warning("cannot add a match rule for bluetoothd's signals: \(error); retrying")
                 await nap(backoff.take())

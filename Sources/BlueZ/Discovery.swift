@@ -524,6 +524,9 @@ public final class BlueZDiscovery: Sendable {
                 device.adapterPath == current
             else { return }
             report(device, advertisement: device.rssi != nil)
+        case .advertisementChanged(let path):
+            guard let device = tree.device(at: path), device.adapterPath == current else { return }
+            report(device, advertisement: true)
         case .propertiesChanged(let path, BlueZName.device, let changed, _):
             guard !advertisementKeys.isDisjoint(with: changed.keys), let device = tree.device(at: path),
                 device.adapterPath == current

@@ -17,6 +17,9 @@ enum BlueZTreeEvent: Sendable {
     case interfacesRemoved(path: String, interfaces: [String], previous: [String: [String: DBusValue]])
     /// Properties changed or were invalidated.
     case propertiesChanged(path: String, interface: String, changed: [String: DBusValue], invalidated: [String])
+    /// Only advertisement fields of a device changed (RSSI, TxPower, ManufacturerData, ServiceData), the signal
+    /// discovery sends all the time: read straight from the message, with no `changed` dictionary built.
+    case advertisementChanged(path: String)
     /// `Device1.Disconnected(reason, message)`, emitted right before `Connected: false`.
     case deviceDisconnected(path: String, reason: String, message: String)
     /// The mirror was replaced by a fresh GetManagedObjects.
@@ -39,7 +42,7 @@ extension BlueZTreeEvent {
             return interfaces.contains(BlueZName.adapter) || interfaces.contains(BlueZName.monitorManager)
         case .propertiesChanged(_, let interface, _, _):
             return interface == BlueZName.adapter || interface == BlueZName.monitorManager
-        case .deviceDisconnected:
+        case .deviceDisconnected, .advertisementChanged:
             return false
         case .reloaded, .daemonLost, .busRestored:
             return true
@@ -198,6 +201,78 @@ struct BlueZObjectTree: Sendable {
         }
     }
 
+    /// The common PropertiesChanged of discovery, applied as it is read from the message: `Device1` of a known
+    /// device, nothing invalidated, and only RSSI, TxPower, ManufacturerData (`a{qv}` of `ay`) and ServiceData
+    /// (`a{sv}` of `ay`) changed. The mirror ends up exactly as `apply(_:)` would leave it. Returns nil, having
+    /// changed nothing, for any other signal or shape: the caller then decodes it and uses `apply(_:)`.
+    mutating func applyAdvertisement(_ signal: DBusSignalView) -> BlueZTreeEvent? {
+        var arguments = signal.arguments()
+        guard arguments.string(equals: BlueZName.device), var changed = arguments.enter(),
+            var invalidated = arguments.enter(), invalidated.isAtEnd, arguments.isAtEnd,
+            let path = signal.path, let at = objects.index(forKey: path),
+            objects.values[at][BlueZName.device] != nil, let device = deviceValues.index(forKey: path)
+        else { return nil }
+        var rssi: Int16?
+        var txPower: Int16?
+        var manufacturer: (value: DBusValue, data: [UInt16: [UInt8]])?
+        var service: (value: DBusValue, data: [String: [UInt8]])?
+        // An empty change is no advertisement (apply(_:) reports it as a property change that touched nothing).
+        guard !changed.isAtEnd else { return nil }
+        while !changed.isAtEnd {
+            guard var entry = changed.enter() else { return nil }
+            if entry.string(equals: "RSSI") {
+                guard var v = entry.enter(), let value = v.int16() else { return nil }
+                rssi = value
+            } else if entry.string(equals: "ManufacturerData") {
+                guard var v = entry.enter(), var dictionary = v.enter() else { return nil }
+                var entries: [DBusDictEntry] = []
+                var data: [UInt16: [UInt8]] = [:]
+                while !dictionary.isAtEnd {
+                    guard var e = dictionary.enter(), let id = e.uint16(), var inner = e.enter(),
+                        let bytes = inner.bytes()
+                    else { return nil }
+                    entries.append(DBusDictEntry(key: .uint16(id), value: .variant(.bytes(bytes))))
+                    data[id] = bytes
+                }
+                manufacturer = (.dictionary(key: "q", value: "v", entries), data)
+            } else if entry.string(equals: "ServiceData") {
+                guard var v = entry.enter(), var dictionary = v.enter() else { return nil }
+                var entries: [DBusDictEntry] = []
+                var data: [String: [UInt8]] = [:]
+                while !dictionary.isAtEnd {
+                    guard var e = dictionary.enter(), let uuid = e.string(), var inner = e.enter(),
+                        let bytes = inner.bytes()
+                    else { return nil }
+                    entries.append(DBusDictEntry(key: .string(uuid), value: .variant(.bytes(bytes))))
+                    data[BlueZDevice.lowercasedUUID(uuid)] = bytes
+                }
+                service = (.dictionary(key: "s", value: "v", entries), data)
+            } else if entry.string(equals: "TxPower") {
+                guard var v = entry.enter(), let value = v.int16() else { return nil }
+                txPower = value
+            } else {
+                return nil
+            }
+        }
+        if let rssi {
+            objects.values[at][BlueZName.device]?["RSSI"] = .int16(rssi)
+            deviceValues.values[device].rssi = rssi
+        }
+        if let txPower {
+            objects.values[at][BlueZName.device]?["TxPower"] = .int16(txPower)
+            deviceValues.values[device].txPower = txPower
+        }
+        if let manufacturer {
+            objects.values[at][BlueZName.device]?["ManufacturerData"] = manufacturer.value
+            deviceValues.values[device].manufacturerData = manufacturer.data
+        }
+        if let service {
+            objects.values[at][BlueZName.device]?["ServiceData"] = service.value
+            deviceValues.values[device].serviceData = service.data
+        }
+        return .advertisementChanged(path: path)
+    }
+
     mutating func clear() {
         objects = [:]
         adapterPaths = []
@@ -347,9 +422,14 @@ extension BlueZDevice {
     private static func serviceData(_ p: [String: DBusValue]) -> [String: [UInt8]] {
         var out: [String: [UInt8]] = [:]
         for entry in p["ServiceData"]?.dictionaryEntries ?? [] {
-            if let uuid = entry.key.string, let bytes = entry.value.bytes { out[uuid.lowercased()] = bytes }
+            if let uuid = entry.key.string, let bytes = entry.value.bytes { out[lowercasedUUID(uuid)] = bytes }
         }
         return out
+    }
+
+    /// BlueZ spells UUIDs in lower case already; lowercased() would allocate a copy of every one.
+    static func lowercasedUUID(_ text: String) -> String {
+        text.utf8.contains(where: { $0 >= UInt8(ascii: "A") && $0 <= UInt8(ascii: "Z") }) ? text.lowercased() : text
     }
 
     private static func uuids(_ p: [String: DBusValue]) -> [String] {

@@ -325,17 +325,44 @@ public final class DBusConnection: Sendable {
         matching rule: DBusMatchRule, ended: @escaping @Sendable () -> Void = {},
         handler: @escaping @Sendable (DBusMessage) -> Void
     ) async throws(DBusError) -> DBusSignalSubscription {
-        var tracker: OwnerTracker? = nil
-        if let sender = rule.sender, !sender.hasPrefix(":"), sender != "org.freedesktop.DBus" {
-            try Names.busName(sender)
-            tracker = OwnerTracker()
-        }
+        let tracker = try Self.tracker(for: rule)
         let subscription = SignalSubscription(
             rule: rule,
             deliver: { [tracker] message in
                 if let tracker, !tracker.accepts(message.sender) { return }
                 handler(message)
             }, finish: ended)
+        return try await subscribe(subscription, tracker: tracker)
+    }
+
+    /// `signals(matching:ended:handler:)` for a handler that reads each signal in place (`DBusSignalView`): nothing
+    /// is decoded for it, so a hot signal costs what the handler reads. The view is valid only during the call.
+    public func signals(
+        matching rule: DBusMatchRule, ended: @escaping @Sendable () -> Void = {},
+        reader: @escaping @Sendable (DBusSignalView) -> Void
+    ) async throws(DBusError) -> DBusSignalSubscription {
+        let tracker = try Self.tracker(for: rule)
+        let subscription = SignalSubscription(
+            rule: rule, deliver: { _ in }, finish: ended,
+            deliverView: { [tracker] view in
+                if let tracker, !tracker.accepts(view.sender) { return }
+                reader(view)
+            })
+        return try await subscribe(subscription, tracker: tracker)
+    }
+
+    /// The owner tracker a rule with a well-known sender needs (nil for a unique or the bus's name).
+    private static func tracker(for rule: DBusMatchRule) throws(DBusError) -> OwnerTracker? {
+        guard let sender = rule.sender, !sender.hasPrefix(":"), sender != "org.freedesktop.DBus" else { return nil }
+        try Names.busName(sender)
+        return OwnerTracker()
+    }
+
+    private func subscribe(_ subscription: SignalSubscription, tracker: OwnerTracker?) async throws(DBusError)
+        -> DBusSignalSubscription
+    {
+        let rule = subscription.rule
+        let ended = subscription.finish
         guard let id = core.addSubscription(subscription) else {
             throw DBusError(name: DBusError.disconnected, message: "the D-Bus connection is closed")
         }

@@ -105,6 +105,8 @@ struct SignalSubscription: Sendable {
     var rule: DBusMatchRule
     var deliver: @Sendable (DBusMessage) -> Void
     var finish: @Sendable () -> Void
+    /// Set for a subscription that reads signals in place: it gets them instead of `deliver`, with no decoding.
+    var deliverView: (@Sendable (DBusSignalView) -> Void)? = nil
 }
 
 final class ConnectionCore: @unchecked Sendable {
@@ -760,11 +762,16 @@ final class ConnectionCore: @unchecked Sendable {
                 return DBUS_HANDLER_RESULT_HANDLED
             }
             let subscriptions = shared.withLock { $0.subscriptionList }
-            guard !subscriptions.isEmpty, let message = try? Marshal.decode(pointer) else {
-                return DBUS_HANDLER_RESULT_HANDLED
-            }
-            for subscription in subscriptions where subscription.rule.matches(message) {
-                subscription.deliver(message)
+            // Decoded once, and only when a subscription needs the value (or a rule needs the arguments).
+            var decoded: DBusMessage?? = nil
+            for subscription in subscriptions {
+                if let view = subscription.deliverView, subscription.rule.matchesOnHeaderOnly {
+                    if subscription.rule.matchesHeader(pointer) { view(DBusSignalView(pointer)) }
+                    continue
+                }
+                if decoded == nil { decoded = .some(try? Marshal.decode(pointer)) }
+                guard let message = decoded ?? nil, subscription.rule.matches(message) else { continue }
+                if let view = subscription.deliverView { view(DBusSignalView(pointer)) } else { subscription.deliver(message) }
             }
             return DBUS_HANDLER_RESULT_HANDLED
         }

@@ -411,6 +411,9 @@ enum Marshal {
         return (String(inner.prefix(1)), String(inner.dropFirst()))
     }
 
+    /// Reads the value at `iter` (which stays there).
+    static func readValue(_ iter: inout DBusMessageIter) throws(DBusError) -> DBusValue { try read(&iter) }
+
     private static func read(_ iter: inout DBusMessageIter) throws(DBusError) -> DBusValue {
         let code = dbus_message_iter_get_arg_type(&iter)
         switch code {

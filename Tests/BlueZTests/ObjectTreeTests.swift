@@ -262,3 +262,84 @@ private func baseTree() -> BlueZObjectTree {
         }
     }
 }
+
+/// The advertisement update read in place must leave the mirror exactly as the decoded signal does, and must leave
+/// every other signal (other keys, other shapes, invalidations, unknown objects) to `apply(_:)` untouched.
+@Suite struct AdvertisementInPlaceTests {
+    private func changed(
+        _ entries: [(String, DBusValue)], path: String = dev, interface: String = "org.bluez.Device1",
+        invalidated: [String] = []
+    ) -> DBusMessage {
+        signal(
+            path, "org.freedesktop.DBus.Properties", "PropertiesChanged",
+            [.string(interface), props(entries), .array("s", invalidated.map { .string($0) })])
+    }
+
+    private func manufacturer(_ entries: [(UInt16, DBusValue)]) -> DBusValue {
+        .dictionary(key: "q", value: "v", entries.map { DBusDictEntry(key: .uint16($0.0), value: .variant($0.1)) })
+    }
+
+    /// Applies `message` both ways; returns whether the in-place path took it.
+    private func compare(_ message: DBusMessage, sourceLocation: SourceLocation = #_sourceLocation) throws -> Bool {
+        var decoded = baseTree()
+        let decodedEvent = decoded.apply(message)
+        var inPlace = baseTree()
+        let event = try DBusSignalView.withView(of: message) { inPlace.applyAdvertisement($0) }
+        guard let event else {
+            #expect(inPlace.objects == baseTree().objects, "declined but changed the mirror", sourceLocation: sourceLocation)
+            #expect(inPlace.devices == baseTree().devices, sourceLocation: sourceLocation)
+            return false
+        }
+        guard case .advertisementChanged(let path) = event else {
+            Issue.record("unexpected event \(event)", sourceLocation: sourceLocation)
+            return true
+        }
+        #expect(path == message.path?.rawValue, sourceLocation: sourceLocation)
+        guard case .propertiesChanged = decodedEvent else {
+            Issue.record("apply(_:) gave \(String(describing: decodedEvent))", sourceLocation: sourceLocation)
+            return true
+        }
+        #expect(inPlace.objects == decoded.objects, sourceLocation: sourceLocation)
+        #expect(inPlace.devices == decoded.devices, sourceLocation: sourceLocation)
+        return true
+    }
+
+    @Test func advertisementFieldsAreAppliedInPlaceExactlyAsDecoded() throws {
+        #expect(try compare(changed([("RSSI", .int16(-40))])))
+        #expect(
+            try compare(
+                changed([
+                    ("RSSI", .int16(-70)), ("TxPower", .int16(4)),
+                    ("ManufacturerData", manufacturer([(0x0499, .bytes([5, 2, 3])), (0x004C, .bytes([]))])),
+                    (
+                        "ServiceData",
+                        .dictionary(
+                            key: "s", value: "v",
+                            [
+                                DBusDictEntry(
+                                    key: .string("0000FCD2-0000-1000-8000-00805F9B34FB"), value: .variant(.bytes([64, 1])))
+                            ])
+                    ),
+                ])))
+        var tree = baseTree()
+        let message = changed([("RSSI", .int16(-33)), ("ManufacturerData", manufacturer([(0x0499, .bytes([9]))]))])
+        _ = try DBusSignalView.withView(of: message) { tree.applyAdvertisement($0) }
+        #expect(tree.device(at: dev)?.rssi == -33)
+        #expect(tree.device(at: dev)?.manufacturerData == [0x0499: [9]])
+    }
+
+    @Test func everythingElseIsLeftToTheDecodedPath() throws {
+        // Another property among them, a value of another shape, an invalidation, nothing at all.
+        #expect(try !compare(changed([("RSSI", .int16(-40)), ("Name", .string("x"))])))
+        #expect(try !compare(changed([("ManufacturerData", manufacturer([(0x0499, .string("not bytes"))]))])))
+        #expect(try !compare(changed([("RSSI", .int32(-40))])))
+        #expect(try !compare(changed([("RSSI", .int16(-40))], invalidated: ["TxPower"])))
+        #expect(try !compare(changed([])))
+        // Another interface, an object the mirror does not have, a device without Device1 in the mirror.
+        #expect(try !compare(changed([("RSSI", .int16(-40))], interface: "org.bluez.Adapter1")))
+        #expect(try !compare(changed([("RSSI", .int16(-40))], path: "/org/bluez/hci0/dev_00_00_00_00_00_01")))
+        #expect(try !compare(changed([("RSSI", .int16(-40))], path: "/elsewhere/s1")))
+        // Not a PropertiesChanged at all.
+        #expect(try !compare(signal(dev, "org.bluez.Device1", "Disconnected", [.string("r"), .string("m")])))
+    }
+}

@@ -1,0 +1,196 @@
+// A received signal read in place: header fields on demand and the arguments through a pull reader over libdbus's
+// own iterator (dbus_message_iter_*, the libdbus API reference's DBusMessage section), so a handler that needs two
+// fields of a hot signal builds no DBusValue for the rest.
+internal import CDBus
+import Glibc
+
+/// A signal as libdbus holds it, handed to a `signals(matching:ended:reader:)` handler. It borrows libdbus's message
+/// and is valid only while that handler runs; `decode()` makes a `DBusMessage` that outlives it.
+public struct DBusSignalView {
+    let pointer: OpaquePointer
+
+    init(_ pointer: OpaquePointer) { self.pointer = pointer }
+
+    /// The object path the signal was emitted from.
+    public var path: String? { dbus_message_get_path(pointer).map { String(cString: $0) } }
+    /// The interface.
+    public var interface: String? { dbus_message_get_interface(pointer).map { String(cString: $0) } }
+    /// The signal's name.
+    public var member: String? { dbus_message_get_member(pointer).map { String(cString: $0) } }
+    /// The sender's unique name.
+    public var sender: String? { dbus_message_get_sender(pointer).map { String(cString: $0) } }
+
+    /// True when this is `interface`.`member` (compared in place, nothing allocated).
+    public func isSignal(interface: String, member: String) -> Bool {
+        dbus_message_is_signal(pointer, interface, member) != 0
+    }
+
+    /// The whole message as a value.
+    /// - Throws: `DBusError` when the message carries something that cannot be represented (an unusable fd).
+    public func decode() throws(DBusError) -> DBusMessage { try Marshal.decode(pointer) }
+
+    /// A reader positioned at the first argument.
+    public func arguments() -> DBusArgumentReader { DBusArgumentReader(message: pointer) }
+
+    /// Builds `message` as libdbus would send it and hands a view of it to `body` (for tests and replays).
+    /// - Throws: `DBusError` when the message cannot be built.
+    public static func withView<R>(of message: DBusMessage, _ body: (DBusSignalView) throws -> R) throws -> R {
+        let built = try Marshal.build(message)
+        return try withExtendedLifetime(built) { try body(DBusSignalView(built.pointer)) }
+    }
+}
+
+/// Reads a message's arguments one at a time, in place. Every typed read returns nil, and stays where it is, when the
+/// current argument is not of that type (or there is none), so a caller checks shapes as it goes and never traps.
+/// A successful read moves to the next argument. Valid only as long as the message it reads.
+public struct DBusArgumentReader {
+    private var iter = DBusMessageIter()
+    private var started: Bool
+
+    init(message: OpaquePointer) {
+        started = dbus_message_iter_init(message, &iter) != 0
+    }
+
+    private init(recursingInto parent: inout DBusMessageIter) {
+        dbus_message_iter_recurse(&parent, &iter)
+        started = true
+    }
+
+    private var code: Int32 {
+        guard started else { return TypeCode.invalid }
+        // libdbus takes a mutable pointer but only reads; an iterator may be copied (its documentation says so).
+        var copy = iter
+        return dbus_message_iter_get_arg_type(&copy)
+    }
+
+    /// True when every argument (or element) has been read.
+    public var isAtEnd: Bool { code == TypeCode.invalid }
+
+    /// The current argument's type code (`s`, `a`, `v`, ...), nil at the end.
+    public var currentType: Character? {
+        let c = code
+        guard c != TypeCode.invalid else { return nil }
+        return Character(UnicodeScalar(UInt8(truncatingIfNeeded: c)))
+    }
+
+    private mutating func advance() { dbus_message_iter_next(&iter) }
+
+    private mutating func fixed<T: BitwiseCopyable>(_ expected: Int32, _ initial: T) -> T? {
+        guard code == expected else { return nil }
+        var value = initial
+        withUnsafeMutablePointer(to: &value) { dbus_message_iter_get_basic(&iter, $0) }
+        advance()
+        return value
+    }
+
+    /// A `y`.
+    public mutating func byte() -> UInt8? { fixed(TypeCode.byte, UInt8(0)) }
+    /// A `b`.
+    public mutating func boolean() -> Bool? { fixed(TypeCode.boolean, dbus_bool_t(0)).map { $0 != 0 } }
+    /// An `n`.
+    public mutating func int16() -> Int16? { fixed(TypeCode.int16, Int16(0)) }
+    /// A `q`.
+    public mutating func uint16() -> UInt16? { fixed(TypeCode.uint16, UInt16(0)) }
+    /// An `i`.
+    public mutating func int32() -> Int32? { fixed(TypeCode.int32, Int32(0)) }
+    /// A `u`.
+    public mutating func uint32() -> UInt32? { fixed(TypeCode.uint32, UInt32(0)) }
+
+    private mutating func text() -> UnsafePointer<CChar>? {
+        let c = code
+        guard c == TypeCode.string || c == TypeCode.objectPath else { return nil }
+        var pointer: UnsafePointer<CChar>? = nil
+        dbus_message_iter_get_basic(&iter, &pointer)
+        return pointer
+    }
+
+    /// An `s` or an `o`.
+    public mutating func string() -> String? {
+        guard let pointer = text() else { return nil }
+        advance()
+        return String(cString: pointer)
+    }
+
+    /// Reads an `s` or `o` only when it equals `expected` (compared in place, nothing allocated); false, and the
+    /// reader stays where it is, otherwise.
+    public mutating func string(equals expected: String) -> Bool {
+        guard let pointer = text(), strcmp(pointer, expected) == 0 else { return false }
+        advance()
+        return true
+    }
+
+    /// An `ay`, copied out.
+    public mutating func bytes() -> [UInt8]? {
+        guard code == TypeCode.array, dbus_message_iter_get_element_type(&iter) == TypeCode.byte else { return nil }
+        var sub = DBusMessageIter()
+        dbus_message_iter_recurse(&iter, &sub)
+        var pointer: UnsafePointer<UInt8>? = nil
+        var count: Int32 = 0
+        dbus_message_iter_get_fixed_array(&sub, &pointer, &count)
+        advance()
+        guard let pointer, count > 0 else { return [] }
+        return Array(UnsafeBufferPointer(start: pointer, count: Int(count)))
+    }
+
+    /// A reader over the contents of the current container (array, dictionary entry, struct or variant); this reader
+    /// moves past it. Nil when the current argument is not a container.
+    public mutating func enter() -> DBusArgumentReader? {
+        let c = code
+        guard c == TypeCode.array || c == TypeCode.dictEntry || c == TypeCode.structure || c == TypeCode.variant
+        else { return nil }
+        let sub = DBusArgumentReader(recursingInto: &iter)
+        advance()
+        return sub
+    }
+
+    /// The current argument as a value, whatever its type.
+    /// - Throws: `DBusError` when it cannot be represented (an unusable fd); at the end, nil.
+    public mutating func value() throws(DBusError) -> DBusValue? {
+        guard code != TypeCode.invalid else { return nil }
+        let value = try Marshal.readValue(&iter)
+        advance()
+        return value
+    }
+
+    /// Moves past the current argument without reading it.
+    public mutating func skip() {
+        if code != TypeCode.invalid { advance() }
+    }
+}
+
+extension DBusMatchRule {
+    /// True when the rule constrains only what a message's header holds, so `matchesHeader` decides it.
+    var matchesOnHeaderOnly: Bool { arguments.isEmpty && argumentPaths.isEmpty && pathNamespace == nil }
+
+    /// `matches(_:)` for a rule with `matchesOnHeaderOnly`, read off libdbus's message in place.
+    func matchesHeader(_ message: OpaquePointer) -> Bool {
+        if let type, type != Self.messageType(message) { return false }
+        func equal(_ expected: String?, _ actual: UnsafePointer<CChar>?) -> Bool {
+            guard let expected else { return true }
+            guard let actual else { return false }
+            return strcmp(actual, expected) == 0
+        }
+        if let sender, sender.hasPrefix(":") || sender == "org.freedesktop.DBus",
+            !equal(sender, dbus_message_get_sender(message))
+        {
+            return false
+        }
+        guard equal(interface, dbus_message_get_interface(message)), equal(member, dbus_message_get_member(message)),
+            equal(path?.rawValue, dbus_message_get_path(message))
+        else { return false }
+        if let destination, let target = dbus_message_get_destination(message), strcmp(target, destination) != 0 {
+            return false
+        }
+        return true
+    }
+
+    private static func messageType(_ message: OpaquePointer) -> DBusMessage.MessageType? {
+        switch dbus_message_get_type(message) {
+        case DBUS_MESSAGE_TYPE_METHOD_CALL: return .methodCall
+        case DBUS_MESSAGE_TYPE_METHOD_RETURN: return .methodReturn
+        case DBUS_MESSAGE_TYPE_ERROR: return .error
+        case DBUS_MESSAGE_TYPE_SIGNAL: return .signal
+        default: return nil
+        }
+    }
+}
