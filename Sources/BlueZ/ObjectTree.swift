@@ -210,7 +210,8 @@ struct BlueZObjectTree: Sendable {
         guard arguments.string(equals: BlueZName.device), var changed = arguments.enter(),
             var invalidated = arguments.enter(), invalidated.isAtEnd, arguments.isAtEnd,
             let path = signal.path, let at = objects.index(forKey: path),
-            objects.values[at][BlueZName.device] != nil, let device = deviceValues.index(forKey: path)
+            let interface = objects.values[at].index(forKey: BlueZName.device),
+            let device = deviceValues.index(forKey: path)
         else { return nil }
         var rssi: Int16?
         var txPower: Int16?
@@ -226,7 +227,7 @@ struct BlueZObjectTree: Sendable {
             } else if entry.string(equals: "ManufacturerData") {
                 guard var v = entry.enter(), var dictionary = v.enter() else { return nil }
                 var entries: [DBusDictEntry] = []
-                var data: [UInt16: [UInt8]] = [:]
+                var data = [UInt16: [UInt8]](minimumCapacity: 1)
                 while !dictionary.isAtEnd {
                     guard var e = dictionary.enter(), let id = e.uint16(), var inner = e.enter(),
                         let bytes = inner.bytes()
@@ -238,7 +239,7 @@ struct BlueZObjectTree: Sendable {
             } else if entry.string(equals: "ServiceData") {
                 guard var v = entry.enter(), var dictionary = v.enter() else { return nil }
                 var entries: [DBusDictEntry] = []
-                var data: [String: [UInt8]] = [:]
+                var data = [String: [UInt8]](minimumCapacity: 1)
                 while !dictionary.isAtEnd {
                     guard var e = dictionary.enter(), let uuid = e.string(), var inner = e.enter(),
                         let bytes = inner.bytes()
@@ -254,20 +255,21 @@ struct BlueZObjectTree: Sendable {
                 return nil
             }
         }
+        // In place: the object's Device1 properties and the device value, each found once.
         if let rssi {
-            objects.values[at][BlueZName.device]?["RSSI"] = .int16(rssi)
+            objects.values[at].values[interface]["RSSI"] = .int16(rssi)
             deviceValues.values[device].rssi = rssi
         }
         if let txPower {
-            objects.values[at][BlueZName.device]?["TxPower"] = .int16(txPower)
+            objects.values[at].values[interface]["TxPower"] = .int16(txPower)
             deviceValues.values[device].txPower = txPower
         }
         if let manufacturer {
-            objects.values[at][BlueZName.device]?["ManufacturerData"] = manufacturer.value
+            objects.values[at].values[interface]["ManufacturerData"] = manufacturer.value
             deviceValues.values[device].manufacturerData = manufacturer.data
         }
         if let service {
-            objects.values[at][BlueZName.device]?["ServiceData"] = service.value
+            objects.values[at].values[interface]["ServiceData"] = service.value
             deviceValues.values[device].serviceData = service.data
         }
         return .advertisementChanged(path: path)

@@ -762,11 +762,13 @@ final class ConnectionCore: @unchecked Sendable {
                 return DBUS_HANDLER_RESULT_HANDLED
             }
             let subscriptions = shared.withLock { $0.subscriptionList }
-            // Decoded once, and only when a subscription needs the value (or a rule needs the arguments).
+            // Decoded once, and only when a subscription whose header fields match needs the value (or its rule
+            // needs the arguments): a signal only in-place readers want is never decoded.
             var decoded: DBusMessage?? = nil
             for subscription in subscriptions {
+                guard subscription.rule.matchesHeader(pointer) else { continue }
                 if let view = subscription.deliverView, subscription.rule.matchesOnHeaderOnly {
-                    if subscription.rule.matchesHeader(pointer) { view(DBusSignalView(pointer)) }
+                    view(DBusSignalView(pointer))
                     continue
                 }
                 if decoded == nil { decoded = .some(try? Marshal.decode(pointer)) }

@@ -114,7 +114,7 @@ public struct DBusArgumentReader {
     /// Reads an `s` or `o` only when it equals `expected` (compared in place, nothing allocated); false, and the
     /// reader stays where it is, otherwise.
     public mutating func string(equals expected: String) -> Bool {
-        guard let pointer = text(), strcmp(pointer, expected) == 0 else { return false }
+        guard let pointer = text(), expected.withCString({ strcmp(pointer, $0) }) == 0 else { return false }
         advance()
         return true
     }
@@ -162,13 +162,14 @@ extension DBusMatchRule {
     /// True when the rule constrains only what a message's header holds, so `matchesHeader` decides it.
     var matchesOnHeaderOnly: Bool { arguments.isEmpty && argumentPaths.isEmpty && pathNamespace == nil }
 
-    /// `matches(_:)` for a rule with `matchesOnHeaderOnly`, read off libdbus's message in place.
+    /// The part of `matches(_:)` that a message's header decides, read off libdbus's message in place: the whole
+    /// answer for a rule with `matchesOnHeaderOnly`, a necessary condition for any other.
     func matchesHeader(_ message: OpaquePointer) -> Bool {
         if let type, type != Self.messageType(message) { return false }
         func equal(_ expected: String?, _ actual: UnsafePointer<CChar>?) -> Bool {
             guard let expected else { return true }
             guard let actual else { return false }
-            return strcmp(actual, expected) == 0
+            return expected.withCString { strcmp(actual, $0) } == 0
         }
         if let sender, sender.hasPrefix(":") || sender == "org.freedesktop.DBus",
             !equal(sender, dbus_message_get_sender(message))
@@ -178,7 +179,9 @@ extension DBusMatchRule {
         guard equal(interface, dbus_message_get_interface(message)), equal(member, dbus_message_get_member(message)),
             equal(path?.rawValue, dbus_message_get_path(message))
         else { return false }
-        if let destination, let target = dbus_message_get_destination(message), strcmp(target, destination) != 0 {
+        if let destination, let target = dbus_message_get_destination(message),
+            destination.withCString({ strcmp(target, $0) }) != 0
+        {
             return false
         }
         return true
