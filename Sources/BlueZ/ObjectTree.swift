@@ -225,29 +225,17 @@ struct BlueZObjectTree: Sendable {
                 guard var v = entry.enter(), let value = v.int16() else { return nil }
                 rssi = value
             } else if entry.string(equals: "ManufacturerData") {
-                guard var v = entry.enter(), var dictionary = v.enter() else { return nil }
-                var entries: [DBusDictEntry] = []
-                var data = [UInt16: [UInt8]](minimumCapacity: 1)
-                while !dictionary.isAtEnd {
-                    guard var e = dictionary.enter(), let id = e.uint16(), var inner = e.enter(),
-                        let bytes = inner.bytes()
-                    else { return nil }
-                    entries.append(DBusDictEntry(key: .uint16(id), value: .variant(.bytes(bytes))))
-                    data[id] = bytes
+                guard let read = Self.byteDictionary(&entry, key: "q", { $0.uint16() }, { .uint16($0) }) else {
+                    return nil
                 }
-                manufacturer = (.dictionary(key: "q", value: "v", entries), data)
+                manufacturer = read
             } else if entry.string(equals: "ServiceData") {
-                guard var v = entry.enter(), var dictionary = v.enter() else { return nil }
-                var entries: [DBusDictEntry] = []
-                var data = [String: [UInt8]](minimumCapacity: 1)
-                while !dictionary.isAtEnd {
-                    guard var e = dictionary.enter(), let uuid = e.string(), var inner = e.enter(),
-                        let bytes = inner.bytes()
-                    else { return nil }
-                    entries.append(DBusDictEntry(key: .string(uuid), value: .variant(.bytes(bytes))))
-                    data[BlueZDevice.lowercasedUUID(uuid)] = bytes
-                }
-                service = (.dictionary(key: "s", value: "v", entries), data)
+                let uuid: (inout DBusArgumentReader) -> String? = { $0.currentType == "s" ? $0.string() : nil }
+                guard
+                    let read = Self.byteDictionary(
+                        &entry, key: "s", uuid, { .string($0) }, dataKey: BlueZDevice.lowercasedUUID)
+                else { return nil }
+                service = read
             } else if entry.string(equals: "TxPower") {
                 guard var v = entry.enter(), let value = v.int16() else { return nil }
                 txPower = value
@@ -273,6 +261,25 @@ struct BlueZObjectTree: Sendable {
             deviceValues.values[device].serviceData = service.data
         }
         return .advertisementChanged(path: path)
+    }
+
+    /// Reads a variant holding `a{Kv}` of `ay` (ManufacturerData, ServiceData): the value as `apply(_:)` stores it,
+    /// and the data by key (as `dataKey` spells it). Nil for any other shape.
+    private static func byteDictionary<Key: Hashable>(
+        _ entry: inout DBusArgumentReader, key signature: DBusSignature,
+        _ readKey: (inout DBusArgumentReader) -> Key?, _ keyValue: (Key) -> DBusValue,
+        dataKey: (Key) -> Key = { $0 }
+    ) -> (value: DBusValue, data: [Key: [UInt8]])? {
+        guard var variant = entry.enter(), var dictionary = variant.enter() else { return nil }
+        var entries: [DBusDictEntry] = []
+        var data = [Key: [UInt8]](minimumCapacity: 1)
+        while !dictionary.isAtEnd {
+            guard var e = dictionary.enter(), let key = readKey(&e), var inner = e.enter(), let bytes = inner.bytes()
+            else { return nil }
+            entries.append(DBusDictEntry(key: keyValue(key), value: .variant(.bytes(bytes))))
+            data[dataKey(key)] = bytes
+        }
+        return (.dictionary(key: signature, value: "v", entries), data)
     }
 
     mutating func clear() {

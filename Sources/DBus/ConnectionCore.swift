@@ -773,7 +773,11 @@ final class ConnectionCore: @unchecked Sendable {
                 }
                 if decoded == nil { decoded = .some(try? Marshal.decode(pointer)) }
                 guard let message = decoded ?? nil, subscription.rule.matches(message) else { continue }
-                if let view = subscription.deliverView { view(DBusSignalView(pointer)) } else { subscription.deliver(message) }
+                if let view = subscription.deliverView {
+                    view(DBusSignalView(pointer))
+                } else {
+                    subscription.deliver(message)
+                }
             }
             return DBUS_HANDLER_RESULT_HANDLED
         }

@@ -286,7 +286,9 @@ private func baseTree() -> BlueZObjectTree {
         var inPlace = baseTree()
         let event = try DBusSignalView.withView(of: message) { inPlace.applyAdvertisement($0) }
         guard let event else {
-            #expect(inPlace.objects == baseTree().objects, "declined but changed the mirror", sourceLocation: sourceLocation)
+            #expect(
+                inPlace.objects == baseTree().objects, "declined but changed the mirror", sourceLocation: sourceLocation
+            )
             #expect(inPlace.devices == baseTree().devices, sourceLocation: sourceLocation)
             return false
         }
@@ -317,7 +319,8 @@ private func baseTree() -> BlueZObjectTree {
                             key: "s", value: "v",
                             [
                                 DBusDictEntry(
-                                    key: .string("0000FCD2-0000-1000-8000-00805F9B34FB"), value: .variant(.bytes([64, 1])))
+                                    key: .string("0000FCD2-0000-1000-8000-00805F9B34FB"),
+                                    value: .variant(.bytes([64, 1])))
                             ])
                     ),
                 ])))
@@ -333,6 +336,9 @@ private func baseTree() -> BlueZObjectTree {
         #expect(try !compare(changed([("RSSI", .int16(-40)), ("Name", .string("x"))])))
         #expect(try !compare(changed([("ManufacturerData", manufacturer([(0x0499, .string("not bytes"))]))])))
         #expect(try !compare(changed([("RSSI", .int32(-40))])))
+        let pathKeyed = DBusValue.dictionary(
+            key: "o", value: "v", [DBusDictEntry(key: .objectPath("/x"), value: .variant(.bytes([1])))])
+        #expect(try !compare(changed([("ServiceData", pathKeyed)])))
         #expect(try !compare(changed([("RSSI", .int16(-40))], invalidated: ["TxPower"])))
         #expect(try !compare(changed([])))
         // Another interface, an object the mirror does not have, a device without Device1 in the mirror.

@@ -17,7 +17,8 @@ import Testing
                     (
                         "ManufacturerData",
                         .dictionary(
-                            key: "q", value: "v", [DBusDictEntry(key: .uint16(0x0499), value: .variant(.bytes([5, 1])))])
+                            key: "q", value: "v",
+                            [DBusDictEntry(key: .uint16(0x0499), value: .variant(.bytes([5, 1])))])
                     ),
                     ("Name", .string("Ruuvi")),
                 ]),
@@ -105,7 +106,8 @@ import Testing
         // A decoded subscription on the same connection still gets its messages.
         let decoded = try await listener.signals(matching: DBusMatchRule(interface: "org.example.View", member: "End"))
         try emitter.emitSignal(path: "/v", interface: "org.example.View", name: "One", arguments: [.string("x")])
-        try emitter.emitSignal(path: "/elsewhere", interface: "org.example.View", name: "Two", arguments: [.string("x")])
+        try emitter.emitSignal(
+            path: "/elsewhere", interface: "org.example.View", name: "Two", arguments: [.string("x")])
         try emitter.emitSignal(path: "/w", interface: "org.example.View", name: "Three", arguments: [.string("wanted")])
         try emitter.emitSignal(path: "/v", interface: "org.example.Other", name: "Four", arguments: [.string("x")])
         try emitter.emitSignal(path: "/w", interface: "org.example.View", name: "End", arguments: [.string("x")])
