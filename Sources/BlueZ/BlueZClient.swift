@@ -319,7 +319,7 @@ public final class BlueZClient: Sendable {
         fresh.load(managedObjects: reply.first ?? .array("a{oa{sa{sv}}}", []))
         let (added, handlers) = core.withLock { core in
             var added: [(String, [String: [String: DBusValue]])] = []
-            for (path, interfaces) in fresh.objects where core.tree.objects[path] == nil {
+            for (path, interfaces) in fresh.objects where !core.tree.hasObject(path) {
                 added.append((path, interfaces))
             }
             for (path, interfaces) in added {
@@ -340,7 +340,7 @@ public final class BlueZClient: Sendable {
             }
             return (added, core.handlers)
         }
-        let exported = Set(fresh.objects.keys)
+        let exported = Set(fresh.objectPaths)
         guard !added.isEmpty else { return exported }
         logger.debug("GetManagedObjects found \(added.count) object(s) the signals had not announced yet")
         let tree = self.tree

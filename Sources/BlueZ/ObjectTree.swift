@@ -50,12 +50,27 @@ extension BlueZTreeEvent {
     }
 }
 
+/// The advertisement fields of a device that the mirror updates in place.
+struct AdvertisementFields: OptionSet, Sendable {
+    let rawValue: UInt8
+    static let rssi = AdvertisementFields(rawValue: 1)
+    static let txPower = AdvertisementFields(rawValue: 2)
+    static let manufacturerData = AdvertisementFields(rawValue: 4)
+    static let serviceData = AdvertisementFields(rawValue: 8)
+}
+
 /// The mirror itself: properties by path and interface.
 ///
 /// Besides the objects it keeps indexes (adapter paths, device paths, devices by address) up to date with every
 /// change, so that the queries a signal triggers cost what the signal touched, not a scan of the whole tree.
 struct BlueZObjectTree: Sendable {
-    private(set) var objects: [String: [String: [String: DBusValue]]] = [:]
+    /// The properties by path and interface. For a device whose advertisement fields were last updated in place
+    /// (`advertisementAhead`), its RSSI, TxPower, ManufacturerData and ServiceData here are older than its device
+    /// value until `settle(_:)` writes them back, which every other change to that object does first.
+    private var storage: [String: [String: [String: DBusValue]]] = [:]
+    /// The advertisement fields (`AdvertisementFields`) of each device (by path) updated in place since they were
+    /// last written to `storage`.
+    private var advertisementAhead: [String: AdvertisementFields] = [:]
     /// Paths of the objects with an `Adapter1`, in path order.
     private(set) var adapterPaths: [String] = []
     /// Paths of the objects with a `Device1`.
@@ -78,14 +93,14 @@ struct BlueZObjectTree: Sendable {
         for entry in value.dictionaryEntries ?? [] {
             guard let path = entry.key.string else { continue }
             let interfaces = Self.interfaces(entry.value)
-            if !interfaces.isEmpty { objects[path] = interfaces }
+            if !interfaces.isEmpty { storage[path] = interfaces }
         }
-        for path in objects.keys { reindex(path) }
+        for path in storage.keys { reindex(path) }
     }
 
     /// Brings the indexes up to date for the object at `path` after it changed.
     private mutating func reindex(_ path: String) {
-        let interfaces = objects[path]
+        let interfaces = storage[path]
         let isAdapter = interfaces?[BlueZName.adapter] != nil
         let adapterIndex = Self.insertionIndex(path, in: adapterPaths)
         let listed = adapterIndex < adapterPaths.count && adapterPaths[adapterIndex] == path
@@ -144,7 +159,8 @@ struct BlueZObjectTree: Sendable {
             guard message.body.count >= 2, let path = message.body[0].string else { return nil }
             let added = Self.interfaces(message.body[1])
             guard !added.isEmpty else { return nil }
-            objects[path, default: [:]].merge(added) { old, new in old.merging(new) { $1 } }
+            settle(path)
+            storage[path, default: [:]].merge(added) { old, new in old.merging(new) { $1 } }
             reindex(path)
             return .interfacesAdded(path: path, interfaces: added)
         case (BlueZName.objectManager?, "InterfacesRemoved"):
@@ -152,13 +168,14 @@ struct BlueZObjectTree: Sendable {
             let names = (message.body[1].arrayElements ?? []).compactMap(\.string).filter {
                 !ignoredInterfaces.contains($0)
             }
-            guard let previous = objects[path], !names.isEmpty else { return nil }
+            settle(path)
+            guard let previous = storage[path], !names.isEmpty else { return nil }
             var remaining = previous
             for name in names { remaining[name] = nil }
             if names.contains(BlueZName.gattService), let device = previous[BlueZName.gattService]?["Device"]?.string {
                 serviceRemovals[device, default: 0] += 1
             }
-            objects[path] = remaining.isEmpty ? nil : remaining
+            storage[path] = remaining.isEmpty ? nil : remaining
             reindex(path)
             return .interfacesRemoved(path: path, interfaces: names, previous: previous)
         case (BlueZName.properties?, "PropertiesChanged"):
@@ -168,25 +185,26 @@ struct BlueZObjectTree: Sendable {
             // A signal for an object we do not know (e.g. one exported before our snapshot was taken and removed
             // since) still updates what we have; it cannot create an interface out of nothing (nor one of the
             // ignored standard ones, which are never stored). One lookup of the path serves the whole update.
-            guard let at = objects.index(forKey: path), objects.values[at][interface] != nil else { return nil }
+            settle(path)
+            guard let at = storage.index(forKey: path), storage.values[at][interface] != nil else { return nil }
             var changed = message.body[1].stringVariantDictionary ?? [:]
             let invalidated =
                 message.body.count >= 3 ? (message.body[2].arrayElements ?? []).compactMap(\.string) : []
             let isDevice = interface == BlueZName.device
             if isDevice, changed["ServicesResolved"]?.bool == true, changed["Connected"] == nil,
-                objects.values[at][interface]?["Connected"]?.bool != true
+                storage.values[at][interface]?["Connected"]?.bool != true
             {
                 // Services are resolved only over a link that is up. bluetoothd 5.66 sometimes never signals
                 // Connected=true (the ATT channel came up before the kernel's Device Connected event, and
                 // device_add_connection() returned early as "already connected"): the link is up all the same.
                 changed["Connected"] = DBusValue.boolean(true)
             }
-            objects.values[at][interface]?.merge(changed) { $1 }
-            for name in invalidated { objects.values[at][interface]?[name] = nil }
+            storage.values[at][interface]?.merge(changed) { $1 }
+            for name in invalidated { storage.values[at][interface]?[name] = nil }
             if isDevice {
                 if changed["Address"] != nil || invalidated.contains("Address") {
                     reindex(path)
-                } else if let properties = objects.values[at][interface] {
+                } else if let properties = storage.values[at][interface] {
                     deviceValues[path]?.refresh(changed.keys, invalidated, from: properties)
                 }
             }
@@ -203,20 +221,20 @@ struct BlueZObjectTree: Sendable {
 
     /// The common PropertiesChanged of discovery, applied as it is read from the message: `Device1` of a known
     /// device, nothing invalidated, and only RSSI, TxPower, ManufacturerData (`a{qv}` of `ay`) and ServiceData
-    /// (`a{sv}` of `ay`) changed. The mirror ends up exactly as `apply(_:)` would leave it. Returns nil, having
+    /// (`a{sv}` of `ay`) changed. The device value is updated now, the object's properties when anything else
+    /// touches that object (or `objects` is read), so the mirror reads exactly as `apply(_:)` would have left it
+    /// (a dictionary's entries then in key order). Returns nil, having
     /// changed nothing, for any other signal or shape: the caller then decodes it and uses `apply(_:)`.
     mutating func applyAdvertisement(_ signal: DBusSignalView) -> BlueZTreeEvent? {
         var arguments = signal.arguments()
         guard arguments.string(equals: BlueZName.device), var changed = arguments.enter(),
             var invalidated = arguments.enter(), invalidated.isAtEnd, arguments.isAtEnd,
-            let path = signal.path, let at = objects.index(forKey: path),
-            let interface = objects.values[at].index(forKey: BlueZName.device),
-            let device = deviceValues.index(forKey: path)
+            let path = signal.path, let device = deviceValues.index(forKey: path)
         else { return nil }
         var rssi: Int16?
         var txPower: Int16?
-        var manufacturer: (value: DBusValue, data: [UInt16: [UInt8]])?
-        var service: (value: DBusValue, data: [String: [UInt8]])?
+        var manufacturer: [UInt16: [UInt8]]?
+        var service: [String: [UInt8]]?
         // An empty change is no advertisement (apply(_:) reports it as a property change that touched nothing).
         guard !changed.isAtEnd else { return nil }
         while !changed.isAtEnd {
@@ -225,15 +243,12 @@ struct BlueZObjectTree: Sendable {
                 guard var v = entry.enter(), let value = v.int16() else { return nil }
                 rssi = value
             } else if entry.string(equals: "ManufacturerData") {
-                guard let read = Self.byteDictionary(&entry, key: "q", { $0.uint16() }, { .uint16($0) }) else {
-                    return nil
-                }
+                guard let read = Self.byteDictionary(&entry, { $0.uint16() }) else { return nil }
                 manufacturer = read
             } else if entry.string(equals: "ServiceData") {
                 let uuid: (inout DBusArgumentReader) -> String? = { $0.currentType == "s" ? $0.string() : nil }
                 guard
-                    let read = Self.byteDictionary(
-                        &entry, key: "s", uuid, { .string($0) }, dataKey: BlueZDevice.lowercasedUUID)
+                    let read = Self.byteDictionary(&entry, uuid, dataKey: BlueZDevice.lowercasedUUID)
                 else { return nil }
                 service = read
             } else if entry.string(equals: "TxPower") {
@@ -243,47 +258,74 @@ struct BlueZObjectTree: Sendable {
                 return nil
             }
         }
-        // In place: the object's Device1 properties and the device value, each found once.
+        // The device value now; the object's Device1 properties when something else touches it (settle).
+        var fields: AdvertisementFields = []
         if let rssi {
-            objects.values[at].values[interface]["RSSI"] = .int16(rssi)
             deviceValues.values[device].rssi = rssi
+            fields.insert(.rssi)
         }
         if let txPower {
-            objects.values[at].values[interface]["TxPower"] = .int16(txPower)
             deviceValues.values[device].txPower = txPower
+            fields.insert(.txPower)
         }
         if let manufacturer {
-            objects.values[at].values[interface]["ManufacturerData"] = manufacturer.value
-            deviceValues.values[device].manufacturerData = manufacturer.data
+            deviceValues.values[device].manufacturerData = manufacturer
+            fields.insert(.manufacturerData)
         }
         if let service {
-            objects.values[at].values[interface]["ServiceData"] = service.value
-            deviceValues.values[device].serviceData = service.data
+            deviceValues.values[device].serviceData = service
+            fields.insert(.serviceData)
         }
+        advertisementAhead[path, default: []].formUnion(fields)
         return .advertisementChanged(path: path)
     }
 
-    /// Reads a variant holding `a{Kv}` of `ay` (ManufacturerData, ServiceData): the value as `apply(_:)` stores it,
-    /// and the data by key (as `dataKey` spells it). Nil for any other shape.
+    /// Reads a variant holding `a{Kv}` of `ay` (ManufacturerData, ServiceData) into the data by key (as `dataKey`
+    /// spells it). Nil for any other shape.
     private static func byteDictionary<Key: Hashable>(
-        _ entry: inout DBusArgumentReader, key signature: DBusSignature,
-        _ readKey: (inout DBusArgumentReader) -> Key?, _ keyValue: (Key) -> DBusValue,
+        _ entry: inout DBusArgumentReader, _ readKey: (inout DBusArgumentReader) -> Key?,
         dataKey: (Key) -> Key = { $0 }
-    ) -> (value: DBusValue, data: [Key: [UInt8]])? {
+    ) -> [Key: [UInt8]]? {
         guard var variant = entry.enter(), var dictionary = variant.enter() else { return nil }
-        var entries: [DBusDictEntry] = []
         var data = [Key: [UInt8]](minimumCapacity: 1)
         while !dictionary.isAtEnd {
             guard var e = dictionary.enter(), let key = readKey(&e), var inner = e.enter(), let bytes = inner.bytes()
             else { return nil }
-            entries.append(DBusDictEntry(key: keyValue(key), value: .variant(.bytes(bytes))))
             data[dataKey(key)] = bytes
         }
-        return (.dictionary(key: signature, value: "v", entries), data)
+        return data
+    }
+
+    /// Writes the advertisement fields of `path` that were updated in place back into its properties.
+    private mutating func settle(_ path: String) {
+        guard !advertisementAhead.isEmpty, let fields = advertisementAhead.removeValue(forKey: path) else { return }
+        Self.write(fields, of: deviceValues[path], into: &storage[path])
+    }
+
+    /// Sets `fields` of `device` in `interfaces`' Device1 properties, as `apply(_:)` would have stored them.
+    private static func write(
+        _ fields: AdvertisementFields, of device: BlueZDevice?, into interfaces: inout [String: [String: DBusValue]]?
+    ) {
+        guard let device, interfaces?[BlueZName.device] != nil else { return }
+        if fields.contains(.rssi) { interfaces?[BlueZName.device]?["RSSI"] = device.rssi.map { .int16($0) } }
+        if fields.contains(.txPower) { interfaces?[BlueZName.device]?["TxPower"] = device.txPower.map { .int16($0) } }
+        if fields.contains(.manufacturerData) {
+            let entries = device.manufacturerData.sorted { $0.key < $1.key }.map {
+                DBusDictEntry(key: .uint16($0.key), value: .variant(.bytes($0.value)))
+            }
+            interfaces?[BlueZName.device]?["ManufacturerData"] = .dictionary(key: "q", value: "v", entries)
+        }
+        if fields.contains(.serviceData) {
+            let entries = device.serviceData.sorted { $0.key < $1.key }.map {
+                DBusDictEntry(key: .string($0.key), value: .variant(.bytes($0.value)))
+            }
+            interfaces?[BlueZName.device]?["ServiceData"] = .dictionary(key: "s", value: "v", entries)
+        }
     }
 
     mutating func clear() {
-        objects = [:]
+        storage = [:]
+        advertisementAhead = [:]
         adapterPaths = []
         devicePaths = []
         devicesByAddress = [:]
@@ -293,16 +335,38 @@ struct BlueZObjectTree: Sendable {
 
     // MARK: queries
 
-    func properties(_ path: String, _ interface: String) -> [String: DBusValue]? { objects[path]?[interface] }
+    func properties(_ path: String, _ interface: String) -> [String: DBusValue]? {
+        guard interface == BlueZName.device, let fields = advertisementAhead[path] else {
+            return storage[path]?[interface]
+        }
+        var interfaces = storage[path]
+        Self.write(fields, of: deviceValues[path], into: &interfaces)
+        return interfaces?[interface]
+    }
 
-    func has(_ path: String, _ interface: String) -> Bool { objects[path]?[interface] != nil }
+    func has(_ path: String, _ interface: String) -> Bool { storage[path]?[interface] != nil }
+
+    /// True when the mirror has an object at `path`.
+    func hasObject(_ path: String) -> Bool { storage[path] != nil }
+
+    /// The paths of every object.
+    var objectPaths: Dictionary<String, [String: [String: DBusValue]]>.Keys { storage.keys }
+
+    /// Every object with its properties (the advertisement fields updated in place written in: a dictionary's
+    /// entries then come in key order, ServiceData's UUIDs in lower case).
+    var objects: [String: [String: [String: DBusValue]]] {
+        guard !advertisementAhead.isEmpty else { return storage }
+        var copy = storage
+        for (path, fields) in advertisementAhead { Self.write(fields, of: deviceValues[path], into: &copy[path]) }
+        return copy
+    }
 
     var adapters: [BlueZAdapter] {
         adapterPaths.compactMap { adapter(at: $0) }
     }
 
     func adapter(at path: String) -> BlueZAdapter? {
-        guard let ifaces = objects[path], let p = ifaces[BlueZName.adapter] else { return nil }
+        guard let ifaces = storage[path], let p = ifaces[BlueZName.adapter] else { return nil }
         let name = path.split(separator: "/").last.map(String.init) ?? path
         return BlueZAdapter(
             path: path, name: name, address: (p["Address"]?.string ?? "").uppercased(),
@@ -329,19 +393,19 @@ struct BlueZObjectTree: Sendable {
     }
 
     func service(at path: String) -> BlueZService? {
-        guard let p = objects[path]?[BlueZName.gattService] else { return nil }
+        guard let p = storage[path]?[BlueZName.gattService] else { return nil }
         return BlueZService(
             path: path, uuid: (p["UUID"]?.string ?? "").lowercased(), primary: p["Primary"]?.bool ?? true,
             handle: p["Handle"]?.uint16, devicePath: p["Device"]?.string ?? "")
     }
 
     func services(ofDevice devicePath: String) -> [BlueZService] {
-        objects.keys.compactMap { service(at: $0) }.filter { $0.devicePath == devicePath }
+        storage.keys.compactMap { service(at: $0) }.filter { $0.devicePath == devicePath }
             .sorted { ($0.handle ?? 0, $0.path) < ($1.handle ?? 0, $1.path) }
     }
 
     func characteristic(at path: String) -> BlueZCharacteristic? {
-        guard let p = objects[path]?[BlueZName.characteristic] else { return nil }
+        guard let p = storage[path]?[BlueZName.characteristic] else { return nil }
         return BlueZCharacteristic(
             path: path, uuid: (p["UUID"]?.string ?? "").lowercased(), servicePath: p["Service"]?.string ?? "",
             flags: (p["Flags"]?.arrayElements ?? []).compactMap(\.string), handle: p["Handle"]?.uint16,
@@ -350,12 +414,12 @@ struct BlueZObjectTree: Sendable {
     }
 
     func characteristics(ofService servicePath: String) -> [BlueZCharacteristic] {
-        objects.keys.compactMap { characteristic(at: $0) }.filter { $0.servicePath == servicePath }
+        storage.keys.compactMap { characteristic(at: $0) }.filter { $0.servicePath == servicePath }
             .sorted { ($0.handle ?? 0, $0.path) < ($1.handle ?? 0, $1.path) }
     }
 
     func descriptor(at path: String) -> BlueZDescriptor? {
-        guard let p = objects[path]?[BlueZName.descriptor] else { return nil }
+        guard let p = storage[path]?[BlueZName.descriptor] else { return nil }
         return BlueZDescriptor(
             path: path, uuid: (p["UUID"]?.string ?? "").lowercased(),
             characteristicPath: p["Characteristic"]?.string ?? "",
@@ -363,7 +427,7 @@ struct BlueZObjectTree: Sendable {
     }
 
     func descriptors(ofCharacteristic characteristicPath: String) -> [BlueZDescriptor] {
-        objects.keys.compactMap { descriptor(at: $0) }.filter { $0.characteristicPath == characteristicPath }
+        storage.keys.compactMap { descriptor(at: $0) }.filter { $0.characteristicPath == characteristicPath }
             .sorted { $0.path < $1.path }
     }
 

@@ -486,7 +486,7 @@ public final class BlueZPeripheral: Sendable {
         if !empty && !reexported {
             // Some services are in the mirror, but its signals can lag the bus on a loaded machine: one read of
             // bluetoothd's own view says whether it exports more than the mirror shows (then settle as below).
-            let mirrored = Set(client.tree.objects.keys.filter { $0.hasPrefix(prefix) })
+            let mirrored = Set(client.tree.objectPaths.filter { $0.hasPrefix(prefix) })
             guard let exported = await client.refreshMissingObjects()?.filter({ $0.hasPrefix(prefix) }),
                 !exported.isSubset(of: mirrored)
             else { return }

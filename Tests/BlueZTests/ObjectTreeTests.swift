@@ -312,23 +312,76 @@ private func baseTree() -> BlueZObjectTree {
             try compare(
                 changed([
                     ("RSSI", .int16(-70)), ("TxPower", .int16(4)),
-                    ("ManufacturerData", manufacturer([(0x0499, .bytes([5, 2, 3])), (0x004C, .bytes([]))])),
+                    // In key order: the properties written back from the device value list entries in key order.
+                    ("ManufacturerData", manufacturer([(0x004C, .bytes([])), (0x0499, .bytes([5, 2, 3]))])),
                     (
                         "ServiceData",
                         .dictionary(
                             key: "s", value: "v",
                             [
                                 DBusDictEntry(
-                                    key: .string("0000FCD2-0000-1000-8000-00805F9B34FB"),
-                                    value: .variant(.bytes([64, 1])))
+                                    key: .string("0000fcd2-0000-1000-8000-00805f9b34fb"),
+                                    value: .variant(.bytes([64, 1]))
+                                )
                             ])
                     ),
                 ])))
         var tree = baseTree()
-        let message = changed([("RSSI", .int16(-33)), ("ManufacturerData", manufacturer([(0x0499, .bytes([9]))]))])
+        let message = changed([
+            ("RSSI", .int16(-33)), ("ManufacturerData", manufacturer([(0x0499, .bytes([9]))])),
+            (
+                "ServiceData",
+                .dictionary(
+                    key: "s", value: "v",
+                    [DBusDictEntry(key: .string("0000FCD2-0000-1000-8000-00805F9B34FB"), value: .variant(.bytes([1])))])
+            ),
+        ])
         _ = try DBusSignalView.withView(of: message) { tree.applyAdvertisement($0) }
         #expect(tree.device(at: dev)?.rssi == -33)
         #expect(tree.device(at: dev)?.manufacturerData == [0x0499: [9]])
+        #expect(tree.device(at: dev)?.serviceData == ["0000fcd2-0000-1000-8000-00805f9b34fb": [1]])
+        #expect(tree.properties(dev, "org.bluez.Device1")?["RSSI"] == .int16(-33))
+    }
+
+    /// Updates in place, then the signals that touch the same object in other ways: the properties written back
+    /// first, so each step leaves both mirrors alike (and the newer advertisement fields are not lost).
+    @Test func laterChangesToTheObjectSeeTheFieldsUpdatedInPlace() throws {
+        let battery = signal(
+            "/", "org.freedesktop.DBus.ObjectManager", "InterfacesAdded",
+            [
+                .objectPath(DBusObjectPath(stringLiteral: dev)),
+                interfaces([("org.bluez.Battery1", props([("Percentage", .byte(80))]))]),
+            ])
+        let removeBattery = signal(
+            "/", "org.freedesktop.DBus.ObjectManager", "InterfacesRemoved",
+            [.objectPath(DBusObjectPath(stringLiteral: dev)), .array("s", [.string("org.bluez.Battery1")])])
+        let steps: [(DBusMessage, Bool)] = [
+            (changed([("RSSI", .int16(-50)), ("ManufacturerData", manufacturer([(0x0499, .bytes([7]))]))]), true),
+            (changed([("Name", .string("Ruuvi 1234"))]), false),
+            (changed([("RSSI", .int16(-51))]), true),
+            (battery, false),
+            (changed([("TxPower", .int16(8))]), true),
+            (changed([("Connected", .boolean(true))], invalidated: ["RSSI"]), false),
+            (changed([("RSSI", .int16(-52))]), true),
+            (removeBattery, false),
+            (changed([("ManufacturerData", manufacturer([(0x0499, .bytes([8]))]))]), true),
+            (changed([("Address", .string("AA:BB:CC:DD:EE:00"))]), false),
+        ]
+        var decoded = baseTree()
+        var inPlace = baseTree()
+        for (index, (message, fast)) in steps.enumerated() {
+            _ = decoded.apply(message)
+            let event = try DBusSignalView.withView(of: message) { inPlace.applyAdvertisement($0) }
+            if event == nil { _ = inPlace.apply(message) }
+            #expect((event != nil) == fast, "step \(index)")
+            #expect(inPlace.devices == decoded.devices, "step \(index)")
+            #expect(inPlace.objects == decoded.objects, "step \(index)")
+            #expect(inPlace.properties(dev, "org.bluez.Device1") == decoded.properties(dev, "org.bluez.Device1"))
+        }
+        #expect(inPlace.device(at: dev)?.rssi == -52)
+        #expect(inPlace.device(at: dev)?.txPower == 8)
+        #expect(inPlace.device(at: dev)?.address == "AA:BB:CC:DD:EE:00")
+        #expect(inPlace.device(address: "AA:BB:CC:DD:EE:00", adapterPath: nil)?.manufacturerData == [0x0499: [8]])
     }
 
     @Test func everythingElseIsLeftToTheDecodedPath() throws {
