@@ -22,7 +22,8 @@ public struct DBusSignalView {
 
     /// True when this is `interface`.`member` (compared in place, nothing allocated).
     public func isSignal(interface: String, member: String) -> Bool {
-        dbus_message_is_signal(pointer, interface, member) != 0
+        // withCString hands a native string's own bytes over; the implicit String-to-pointer conversion copies.
+        interface.withCString { i in member.withCString { m in dbus_message_is_signal(pointer, i, m) != 0 } }
     }
 
     /// The whole message as a value.
@@ -111,6 +112,14 @@ public struct DBusArgumentReader {
         return String(cString: pointer)
     }
 
+    /// Hands an `s` or `o` to `body` in place (valid only while `body` runs; nothing is copied) and moves past it.
+    /// Nil, and the reader stays where it is, for any other type.
+    public mutating func withString<R>(_ body: (UnsafePointer<CChar>) throws -> R) rethrows -> R? {
+        guard let pointer = text() else { return nil }
+        advance()
+        return try body(pointer)
+    }
+
     /// Reads an `s` or `o` only when it equals `expected` (compared in place, nothing allocated); false, and the
     /// reader stays where it is, otherwise.
     public mutating func string(equals expected: String) -> Bool {
@@ -121,6 +130,12 @@ public struct DBusArgumentReader {
 
     /// An `ay`, copied out.
     public mutating func bytes() -> [UInt8]? {
+        withBytes { Array($0) }
+    }
+
+    /// Hands an `ay` to `body` in place (valid only while `body` runs; nothing is copied) and moves past it. Nil,
+    /// and the reader stays where it is, for any other type.
+    public mutating func withBytes<R>(_ body: (UnsafeBufferPointer<UInt8>) throws -> R) rethrows -> R? {
         guard code == TypeCode.array, dbus_message_iter_get_element_type(&iter) == TypeCode.byte else { return nil }
         var sub = DBusMessageIter()
         dbus_message_iter_recurse(&iter, &sub)
@@ -128,8 +143,8 @@ public struct DBusArgumentReader {
         var count: Int32 = 0
         dbus_message_iter_get_fixed_array(&sub, &pointer, &count)
         advance()
-        guard let pointer, count > 0 else { return [] }
-        return Array(UnsafeBufferPointer(start: pointer, count: Int(count)))
+        guard let pointer, count > 0 else { return try body(UnsafeBufferPointer(start: nil, count: 0)) }
+        return try body(UnsafeBufferPointer(start: pointer, count: Int(count)))
     }
 
     /// A reader over the contents of the current container (array, dictionary entry, struct or variant); this reader

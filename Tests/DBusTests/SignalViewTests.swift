@@ -1,6 +1,7 @@
 // Signals read in place: the pull reader over libdbus's iterator, and `signals(matching:ended:reader:)` on a real
 // private bus (header-only rules matched in place, argument rules through the decoded message).
 import DBus
+import Glibc
 import Synchronization
 import TestSupport
 import Testing
@@ -48,6 +49,10 @@ import Testing
             #expect(arguments.currentType == "a")
             var changed = try enter(&arguments)
             var rssi = try enter(&changed)
+            var keyInPlace = rssi
+            let noBytes = keyInPlace.withBytes { $0.count }
+            let keyLength = keyInPlace.withString { strlen($0) }
+            #expect(noBytes == nil && keyLength == 4 && keyInPlace.currentType == "v")
             let key = rssi.string()
             #expect(key == "RSSI")
             var variant = try enter(&rssi)
@@ -65,6 +70,11 @@ import Testing
             let company = entry.uint16()
             #expect(company == 0x0499)
             var bytes = try enter(&entry)
+            // In place: a mismatch hands nothing over and stays put; a match moves on.
+            var copy = bytes
+            let notText = copy.withString { _ in true }
+            let inPlace = copy.withBytes { Array($0) }
+            #expect(notText == nil && inPlace == [5, 1] && copy.isAtEnd)
             let data = bytes.bytes()
             #expect(data == [5, 1])
             #expect(dictionary.isAtEnd)
