@@ -40,20 +40,27 @@ struct AdvertisementMAC: Equatable, Sendable {
     var array: [UInt8] { [octets.0, octets.1, octets.2, octets.3, octets.4, octets.5] }
     var reversedArray: [UInt8] { [octets.5, octets.4, octets.3, octets.2, octets.1, octets.0] }
 
-    /// Upper-case `AA:BB:CC:DD:EE:FF`, as BlueZ prints it.
+    /// Upper-case `AA:BB:CC:DD:EE:FF`, as BlueZ prints it (written straight into the string's storage).
     var string: String {
-        let digits: [UInt8] = Array("0123456789ABCDEF".utf8)
-        var out: [UInt8] = []
-        out.reserveCapacity(17)
-        for (i, b) in array.enumerated() {
-            if i > 0 { out.append(UInt8(ascii: ":")) }
-            out.append(digits[Int(b >> 4)])
-            out.append(digits[Int(b & 0x0F)])
+        let bytes = octets
+        return String(unsafeUninitializedCapacity: 17) { out in
+            withUnsafeBytes(of: bytes) { octet in
+                for i in 0..<6 {
+                    let b = octet[i]
+                    if i > 0 { out[3 * i - 1] = UInt8(ascii: ":") }
+                    out[3 * i] = Self.hexDigit(b >> 4)
+                    out[3 * i + 1] = Self.hexDigit(b & 0x0F)
+                }
+            }
+            return 17
         }
-        return String(decoding: out, as: UTF8.self)
     }
 
-    var isAllOnes: Bool { array.allSatisfy { $0 == 0xFF } }
+    private static func hexDigit(_ nibble: UInt8) -> UInt8 {
+        nibble < 10 ? UInt8(ascii: "0") + nibble : UInt8(ascii: "A") + nibble - 10
+    }
+
+    var isAllOnes: Bool { withUnsafeBytes(of: octets) { $0.allSatisfy { $0 == 0xFF } } }
 
     static func == (lhs: AdvertisementMAC, rhs: AdvertisementMAC) -> Bool { lhs.array == rhs.array }
 }

@@ -30,6 +30,8 @@ public struct RuuviRAWv2Parser: AdvertisementParser {
     /// Creates the parser. It holds no state.
     public init() {}
 
+    private static let axes = ["acceleration_x_mg", "acceleration_y_mg", "acceleration_z_mg"]
+
     /// Decodes one payload; throws a `GATTParseError` naming the format when it must be rejected.
     public func decode(_ p: [UInt8], from source: AdvertisementSource, context: AdvertisementContext)
         throws(GATTParseError) -> GATTReading
@@ -51,7 +53,7 @@ public struct RuuviRAWv2Parser: AdvertisementParser {
         r.append("humidity_pct", humidity == 0xFFFF ? .null : .double(Double(humidity) * 0.0025))
         let pressure = advBigEndian(p, 5, 2)
         r.append("pressure_pa", pressure == 0xFFFF ? .null : .int(Int64(pressure) + 50_000))
-        for (k, axis) in ["acceleration_x_mg", "acceleration_y_mg", "acceleration_z_mg"].enumerated() {
+        for (k, axis) in Self.axes.enumerated() {
             let a = Int16(truncatingIfNeeded: advBigEndian(p, 7 + 2 * k, 2))
             r.append(axis, a == Int16.min ? .null : .int(Int64(a)))
         }
