@@ -119,7 +119,9 @@ public enum BlueZDiscoveryEvent: Sendable, Hashable {
     case appeared(BlueZDevice)
     /// A reported device's advertisement changed (RSSI, data, name...).
     case updated(BlueZDevice)
-    /// A reported device left BlueZ's tree (expired, removed, or bluetoothd stopped).
+    /// A reported device left BlueZ's tree (expired, removed, or bluetoothd stopped). The device is as it was when
+    /// it was removed from the tree when that is known, else as it was first reported (its address and path always
+    /// hold).
     case lost(BlueZDevice)
 
     /// The device the event is about.
@@ -206,6 +208,8 @@ public final class BlueZDiscovery: Sendable {
         var adapter: BlueZAdapter
         /// False while the adapter is gone (waiting for a matching one when there is a selector).
         var bound = true
+        /// The reported devices, as each was first reported (not replaced on every update: the mirror's device
+        /// value then stays the only holder of its data, which the mirror overwrites in place).
         var reported: [String: BlueZDevice] = [:]
         /// Devices removed by our own restart, with the time they count as lost if they have not come back.
         var held: [String: (device: BlueZDevice, until: ContinuousClock.Instant)] = [:]
@@ -524,17 +528,18 @@ public final class BlueZDiscovery: Sendable {
                 device.adapterPath == current
             else { return }
             report(device, advertisement: device.rssi != nil)
-        case .advertisementChanged(let path):
-            guard let device = tree.device(at: path), device.adapterPath == current else { return }
+        case .advertisementChanged(_, let device):
+            guard device.adapterPath == current else { return }
             report(device, advertisement: true)
         case .propertiesChanged(let path, BlueZName.device, let changed, _):
             guard !advertisementKeys.isDisjoint(with: changed.keys), let device = tree.device(at: path),
                 device.adapterPath == current
             else { return }
             report(device, advertisement: true)
-        case .interfacesRemoved(let path, let names, _) where names.contains(BlueZName.device):
+        case .interfacesRemoved(let path, let names, let previous) where names.contains(BlueZName.device):
             let lost = state.withLock { s -> BlueZDevice? in
-                guard let device = s.reported.removeValue(forKey: path) else { return nil }
+                guard let first = s.reported.removeValue(forKey: path) else { return nil }
+                let device = previous[BlueZName.device].map { BlueZDevice(path: path, properties: $0) } ?? first
                 // Our own StopDiscovery drops temporary devices: hold them until they come back or stay away.
                 let now = ContinuousClock.now
                 if s.restarting != nil || s.restartEnded.map({ now - $0 < .seconds(2) }) == true {
@@ -614,10 +619,7 @@ public final class BlueZDiscovery: Sendable {
         let event: BlueZDiscoveryEvent? = state.withLock { s in
             guard !s.stopped else { return nil }
             s.lastActivity = now
-            if let i = s.reported.index(forKey: device.path) {
-                s.reported.values[i] = device
-                return .updated(device)
-            }
+            if s.reported.index(forKey: device.path) != nil { return .updated(device) }
             if s.held.removeValue(forKey: device.path) != nil {
                 // Back after our own restart dropped it: not news.
                 s.reported[device.path] = device

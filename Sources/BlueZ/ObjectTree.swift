@@ -3,6 +3,10 @@
 // properties, never the shape of the paths. The standard interfaces BlueZ lists with empty dicts are dropped.
 import DBus
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// Interfaces every object lists and that carry nothing for a client.
 let ignoredInterfaces: Set<String> = [
     "org.freedesktop.DBus.Introspectable", "org.freedesktop.DBus.Properties", "org.freedesktop.DBus.Peer",
@@ -19,7 +23,7 @@ enum BlueZTreeEvent: Sendable {
     case propertiesChanged(path: String, interface: String, changed: [String: DBusValue], invalidated: [String])
     /// Only advertisement fields of a device changed (RSSI, TxPower, ManufacturerData, ServiceData), the signal
     /// discovery sends all the time: read straight from the message, with no `changed` dictionary built.
-    case advertisementChanged(path: String)
+    case advertisementChanged(path: String, device: BlueZDevice)
     /// `Device1.Disconnected(reason, message)`, emitted right before `Connected: false`.
     case deviceDisconnected(path: String, reason: String, message: String)
     /// The mirror was replaced by a fresh GetManagedObjects.
@@ -65,12 +69,11 @@ struct AdvertisementFields: OptionSet, Sendable {
 /// change, so that the queries a signal triggers cost what the signal touched, not a scan of the whole tree.
 struct BlueZObjectTree: Sendable {
     /// The properties by path and interface. For a device whose advertisement fields were last updated in place
-    /// (`advertisementAhead`), its RSSI, TxPower, ManufacturerData and ServiceData here are older than its device
+    /// (its slot's `ahead`), its RSSI, TxPower, ManufacturerData and ServiceData here are older than its device
     /// value until `settle(_:)` writes them back, which every other change to that object does first.
     private var storage: [String: [String: [String: DBusValue]]] = [:]
-    /// The advertisement fields (`AdvertisementFields`) of each device (by path) updated in place since they were
-    /// last written to `storage`.
-    private var advertisementAhead: [String: AdvertisementFields] = [:]
+    /// How many device slots have fields `ahead` of `storage`.
+    private var slotsAhead = 0
     /// Paths of the objects with an `Adapter1`, in path order.
     private(set) var adapterPaths: [String] = []
     /// Paths of the objects with a `Device1`.
@@ -80,8 +83,14 @@ struct BlueZObjectTree: Sendable {
     /// The upper-cased `Address` each device path is indexed under.
     private var deviceAddresses: [String: String] = [:]
     /// Each `Device1` as a value, kept up to date field by field: a signal that changed one property (an
-    /// advertisement's RSSI or data) rebuilds that field, not the whole device.
-    private var deviceValues: [String: BlueZDevice] = [:]
+    /// advertisement's RSSI or data) rebuilds that field, not the whole device. With it, the advertisement fields
+    /// updated in place since they were last written to `storage` (one lookup of the path serves both).
+    private var deviceValues: [String: DeviceSlot] = [:]
+
+    private struct DeviceSlot: Sendable {
+        var device: BlueZDevice
+        var ahead: AdvertisementFields = []
+    }
 
     /// How many GATT services each device (by path) lost since the tree was loaded: a reconnect that removes and
     /// re-exports them (bluez#1489) shows as a change here, whatever is in the tree when ServicesResolved arrives.
@@ -114,10 +123,13 @@ struct BlueZObjectTree: Sendable {
             devicePaths.insert(path)
             let value = BlueZDevice(path: path, properties: device)
             address = value.address
-            deviceValues[path] = value
+            // The object was settled before this change (every change settles first), so nothing is ahead.
+            if deviceValues.updateValue(DeviceSlot(device: value), forKey: path)?.ahead.isEmpty == false {
+                slotsAhead -= 1
+            }
         } else {
             devicePaths.remove(path)
-            deviceValues[path] = nil
+            if deviceValues.removeValue(forKey: path)?.ahead.isEmpty == false { slotsAhead -= 1 }
             address = nil
         }
         let old = deviceAddresses[path]
@@ -205,7 +217,7 @@ struct BlueZObjectTree: Sendable {
                 if changed["Address"] != nil || invalidated.contains("Address") {
                     reindex(path)
                 } else if let properties = storage.values[at][interface] {
-                    deviceValues[path]?.refresh(changed.keys, invalidated, from: properties)
+                    deviceValues[path]?.device.refresh(changed.keys, invalidated, from: properties)
                 }
             }
             return .propertiesChanged(path: path, interface: interface, changed: changed, invalidated: invalidated)
@@ -221,20 +233,21 @@ struct BlueZObjectTree: Sendable {
 
     /// The common PropertiesChanged of discovery, applied as it is read from the message: `Device1` of a known
     /// device, nothing invalidated, and only RSSI, TxPower, ManufacturerData (`a{qv}` of `ay`) and ServiceData
-    /// (`a{sv}` of `ay`) changed. The device value is updated now, the object's properties when anything else
-    /// touches that object (or `objects` is read), so the mirror reads exactly as `apply(_:)` would have left it
-    /// (a dictionary's entries then in key order). Returns nil, having
-    /// changed nothing, for any other signal or shape: the caller then decodes it and uses `apply(_:)`.
+    /// (`a{sv}` of `ay`) changed. The whole signal is checked before anything is changed. The device value is then
+    /// updated (its data overwritten in place when the advertiser sent the same keys as before, as it nearly always
+    /// does), the object's properties when anything else touches that object (or `objects` is read), so the mirror
+    /// reads exactly as `apply(_:)` would have left it (a dictionary's entries then in key order). Returns nil,
+    /// having changed nothing, for any other signal or shape: the caller then decodes it and uses `apply(_:)`.
     mutating func applyAdvertisement(_ signal: DBusSignalView) -> BlueZTreeEvent? {
         var arguments = signal.arguments()
         guard arguments.string(equals: BlueZName.device), var changed = arguments.enter(),
-            var invalidated = arguments.enter(), invalidated.isAtEnd, arguments.isAtEnd,
+            let invalidated = arguments.enter(), invalidated.isAtEnd, arguments.isAtEnd,
             let path = signal.path, let device = deviceValues.index(forKey: path)
         else { return nil }
         var rssi: Int16?
         var txPower: Int16?
-        var manufacturer: [UInt16: [UInt8]]?
-        var service: [String: [UInt8]]?
+        var manufacturer: (reader: DBusArgumentReader, sameKeys: Bool)?
+        var service: (reader: DBusArgumentReader, sameKeys: Bool)?
         // An empty change is no advertisement (apply(_:) reports it as a property change that touched nothing).
         guard !changed.isAtEnd else { return nil }
         while !changed.isAtEnd {
@@ -243,14 +256,19 @@ struct BlueZObjectTree: Sendable {
                 guard var v = entry.enter(), let value = v.int16() else { return nil }
                 rssi = value
             } else if entry.string(equals: "ManufacturerData") {
-                guard let read = Self.byteDictionary(&entry, { $0.uint16() }) else { return nil }
-                manufacturer = read
-            } else if entry.string(equals: "ServiceData") {
-                let uuid: (inout DBusArgumentReader) -> String? = { $0.currentType == "s" ? $0.string() : nil }
                 guard
-                    let read = Self.byteDictionary(&entry, uuid, dataKey: BlueZDevice.lowercasedUUID)
+                    let checked = Self.byteDictionary(
+                        &entry, keys: deviceValues.values[device].device.manufacturerData,
+                        isKey: { $0.uint16() != nil }, matches: Self.sameCompany)
                 else { return nil }
-                service = read
+                manufacturer = checked
+            } else if entry.string(equals: "ServiceData") {
+                guard
+                    let checked = Self.byteDictionary(
+                        &entry, keys: deviceValues.values[device].device.serviceData, isKey: Self.isUUIDKey,
+                        matches: Self.sameUUID)
+                else { return nil }
+                service = checked
             } else if entry.string(equals: "TxPower") {
                 guard var v = entry.enter(), let value = v.int16() else { return nil }
                 txPower = value
@@ -261,52 +279,135 @@ struct BlueZObjectTree: Sendable {
         // The device value now; the object's Device1 properties when something else touches it (settle).
         var fields: AdvertisementFields = []
         if let rssi {
-            deviceValues.values[device].rssi = rssi
+            deviceValues.values[device].device.rssi = rssi
             fields.insert(.rssi)
         }
         if let txPower {
-            deviceValues.values[device].txPower = txPower
+            deviceValues.values[device].device.txPower = txPower
             fields.insert(.txPower)
         }
         if let manufacturer {
-            deviceValues.values[device].manufacturerData = manufacturer
+            Self.store(
+                manufacturer, into: &deviceValues.values[device].device.manufacturerData, readKey: { $0.uint16() },
+                matches: Self.sameCompany)
             fields.insert(.manufacturerData)
         }
         if let service {
-            deviceValues.values[device].serviceData = service
+            Self.store(
+                service, into: &deviceValues.values[device].device.serviceData,
+                readKey: { $0.string().map(BlueZDevice.lowercasedUUID) }, matches: Self.sameUUID)
             fields.insert(.serviceData)
         }
-        advertisementAhead[path, default: []].formUnion(fields)
-        return .advertisementChanged(path: path)
+        if deviceValues.values[device].ahead.isEmpty { slotsAhead += 1 }
+        deviceValues.values[device].ahead.formUnion(fields)
+        return .advertisementChanged(path: path, device: deviceValues.values[device].device)
     }
 
-    /// Reads a variant holding `a{Kv}` of `ay` (ManufacturerData, ServiceData) into the data by key (as `dataKey`
-    /// spells it). Nil for any other shape.
+    /// A ServiceData key: a UUID string (`s`, not `o`).
+    private static func isUUIDKey(_ reader: inout DBusArgumentReader) -> Bool {
+        reader.currentType == "s" && reader.withString { _ in true } != nil
+    }
+
+    /// A ManufacturerData key read in place matches a stored company id.
+    private static func sameCompany(_ reader: inout DBusArgumentReader, _ key: UInt16) -> Bool {
+        reader.uint16() == key
+    }
+
+    /// A ServiceData key read in place matches a stored UUID (kept in lower case by `lowercasedUUID`, so an ASCII
+    /// case-blind match is the same key).
+    private static func sameUUID(_ reader: inout DBusArgumentReader, _ key: String) -> Bool {
+        reader.withString { text in key.withCString { strcasecmp(text, $0) == 0 } } ?? false
+    }
+
+    /// Checks that the variant `entry` is at holds `a{Kv}` of `ay` (ManufacturerData, ServiceData) with keys
+    /// `isKey` accepts; returns a reader at that dictionary and whether it holds exactly the keys `data` has, each
+    /// once (as `matches` compares them). Nil for any other shape. Nothing is copied.
     private static func byteDictionary<Key: Hashable>(
-        _ entry: inout DBusArgumentReader, _ readKey: (inout DBusArgumentReader) -> Key?,
-        dataKey: (Key) -> Key = { $0 }
-    ) -> [Key: [UInt8]]? {
-        guard var variant = entry.enter(), var dictionary = variant.enter() else { return nil }
-        var data = [Key: [UInt8]](minimumCapacity: 1)
-        while !dictionary.isAtEnd {
-            guard var e = dictionary.enter(), let key = readKey(&e), var inner = e.enter(), let bytes = inner.bytes()
-            else { return nil }
-            data[dataKey(key)] = bytes
+        _ entry: inout DBusArgumentReader, keys data: [Key: [UInt8]], isKey: (inout DBusArgumentReader) -> Bool,
+        matches: (inout DBusArgumentReader, Key) -> Bool
+    ) -> (reader: DBusArgumentReader, sameKeys: Bool)? {
+        guard var variant = entry.enter(), let dictionary = variant.enter() else { return nil }
+        var sameKeys = data.count <= 64
+        var seen: UInt64 = 0
+        var count = 0
+        var reader = dictionary
+        while !reader.isAtEnd {
+            guard let e = reader.enter() else { return nil }
+            var value = e
+            guard isKey(&value), var inner = value.enter(), inner.withBytes({ _ in true }) != nil else { return nil }
+            count += 1
+            if sameKeys, let (_, offset, _) = position(of: e, in: data, matches), seen & (1 << offset) == 0 {
+                seen |= 1 << offset
+            } else {
+                sameKeys = false
+            }
         }
-        return data
+        return (dictionary, sameKeys && count == data.count)
+    }
+
+    /// Where the key `entry` is at stands among `data`'s keys (a scan: there are one or two), and the entry's
+    /// reader past its key.
+    private static func position<Key: Hashable>(
+        of entry: DBusArgumentReader, in data: [Key: [UInt8]], _ matches: (inout DBusArgumentReader, Key) -> Bool
+    ) -> (Dictionary<Key, [UInt8]>.Index, offset: Int, DBusArgumentReader)? {
+        var offset = 0
+        var i = data.startIndex
+        while i != data.endIndex {
+            var key = entry
+            if matches(&key, data.keys[i]) { return (i, offset, key) }
+            data.formIndex(after: &i)
+            offset += 1
+        }
+        return nil
+    }
+
+    /// Stores the dictionary `byteDictionary` checked into `data`: with the same keys (the advertiser sent the keys
+    /// it sent last time, as it nearly always does), each value is overwritten in place, so no storage is
+    /// allocated while nothing else holds `data`; otherwise `data` becomes a new dictionary of the keys `readKey`
+    /// reads.
+    private static func store<Key: Hashable>(
+        _ checked: (reader: DBusArgumentReader, sameKeys: Bool), into data: inout [Key: [UInt8]],
+        readKey: (inout DBusArgumentReader) -> Key?, matches: (inout DBusArgumentReader, Key) -> Bool
+    ) {
+        var dictionary = checked.reader
+        if checked.sameKeys {
+            while !dictionary.isAtEnd, let entry = dictionary.enter(),
+                let (at, _, rest) = position(of: entry, in: data, matches)
+            {
+                var value = rest
+                guard var inner = value.enter() else { return }
+                _ = inner.withBytes { bytes in Self.overwrite(&data.values[at], with: bytes) }
+            }
+            return
+        }
+        var fresh = [Key: [UInt8]](minimumCapacity: 1)
+        while !dictionary.isAtEnd, var e = dictionary.enter(), let key = readKey(&e), var inner = e.enter(),
+            let bytes = inner.bytes()
+        {
+            fresh[key] = bytes
+        }
+        data = fresh
+    }
+
+    /// Replaces `bytes`' contents, in its own storage when that is unshared and large enough.
+    private static func overwrite(_ bytes: inout [UInt8], with new: UnsafeBufferPointer<UInt8>) {
+        bytes.replaceSubrange(0..<bytes.count, with: new)
     }
 
     /// Writes the advertisement fields of `path` that were updated in place back into its properties.
     private mutating func settle(_ path: String) {
-        guard !advertisementAhead.isEmpty, let fields = advertisementAhead.removeValue(forKey: path) else { return }
-        Self.write(fields, of: deviceValues[path], into: &storage[path])
+        guard slotsAhead > 0, let at = deviceValues.index(forKey: path), !deviceValues.values[at].ahead.isEmpty
+        else { return }
+        Self.write(deviceValues.values[at].ahead, of: deviceValues.values[at].device, into: &storage[path])
+        deviceValues.values[at].ahead = []
+        slotsAhead -= 1
     }
 
     /// Sets `fields` of `device` in `interfaces`' Device1 properties, as `apply(_:)` would have stored them.
     private static func write(
-        _ fields: AdvertisementFields, of device: BlueZDevice?, into interfaces: inout [String: [String: DBusValue]]?
+        _ fields: AdvertisementFields, of device: BlueZDevice, into interfaces: inout [String: [String: DBusValue]]?
     ) {
-        guard let device, interfaces?[BlueZName.device] != nil else { return }
+        guard interfaces?[BlueZName.device] != nil else { return }
         if fields.contains(.rssi) { interfaces?[BlueZName.device]?["RSSI"] = device.rssi.map { .int16($0) } }
         if fields.contains(.txPower) { interfaces?[BlueZName.device]?["TxPower"] = device.txPower.map { .int16($0) } }
         if fields.contains(.manufacturerData) {
@@ -325,7 +426,7 @@ struct BlueZObjectTree: Sendable {
 
     mutating func clear() {
         storage = [:]
-        advertisementAhead = [:]
+        slotsAhead = 0
         adapterPaths = []
         devicePaths = []
         devicesByAddress = [:]
@@ -336,11 +437,11 @@ struct BlueZObjectTree: Sendable {
     // MARK: queries
 
     func properties(_ path: String, _ interface: String) -> [String: DBusValue]? {
-        guard interface == BlueZName.device, let fields = advertisementAhead[path] else {
+        guard interface == BlueZName.device, slotsAhead > 0, let slot = deviceValues[path], !slot.ahead.isEmpty else {
             return storage[path]?[interface]
         }
         var interfaces = storage[path]
-        Self.write(fields, of: deviceValues[path], into: &interfaces)
+        Self.write(slot.ahead, of: slot.device, into: &interfaces)
         return interfaces?[interface]
     }
 
@@ -355,9 +456,11 @@ struct BlueZObjectTree: Sendable {
     /// Every object with its properties (the advertisement fields updated in place written in: a dictionary's
     /// entries then come in key order, ServiceData's UUIDs in lower case).
     var objects: [String: [String: [String: DBusValue]]] {
-        guard !advertisementAhead.isEmpty else { return storage }
+        guard slotsAhead > 0 else { return storage }
         var copy = storage
-        for (path, fields) in advertisementAhead { Self.write(fields, of: deviceValues[path], into: &copy[path]) }
+        for (path, slot) in deviceValues where !slot.ahead.isEmpty {
+            Self.write(slot.ahead, of: slot.device, into: &copy[path])
+        }
         return copy
     }
 
@@ -380,7 +483,7 @@ struct BlueZObjectTree: Sendable {
         return adapter.powered ? .on(adapter) : .off(adapter)
     }
 
-    func device(at path: String) -> BlueZDevice? { deviceValues[path] }
+    func device(at path: String) -> BlueZDevice? { deviceValues[path]?.device }
 
     var devices: [BlueZDevice] { devicePaths.sorted().compactMap { device(at: $0) } }
 

@@ -292,11 +292,13 @@ private func baseTree() -> BlueZObjectTree {
             #expect(inPlace.devices == baseTree().devices, sourceLocation: sourceLocation)
             return false
         }
-        guard case .advertisementChanged(let path) = event else {
+        guard case .advertisementChanged(let path, let device) = event else {
             Issue.record("unexpected event \(event)", sourceLocation: sourceLocation)
             return true
         }
         #expect(path == message.path?.rawValue, sourceLocation: sourceLocation)
+        #expect(
+            device == inPlace.device(at: path), "the event's device is the mirror's", sourceLocation: sourceLocation)
         guard case .propertiesChanged = decodedEvent else {
             Issue.record("apply(_:) gave \(String(describing: decodedEvent))", sourceLocation: sourceLocation)
             return true
@@ -382,6 +384,73 @@ private func baseTree() -> BlueZObjectTree {
         #expect(inPlace.device(at: dev)?.txPower == 8)
         #expect(inPlace.device(at: dev)?.address == "AA:BB:CC:DD:EE:00")
         #expect(inPlace.device(address: "AA:BB:CC:DD:EE:00", adapterPath: nil)?.manufacturerData == [0x0499: [8]])
+    }
+
+    /// Data overwritten in place (the same keys as before) and rebuilt (other keys): a run of advertisements on one
+    /// mirror reads like the decoded path at every step, and a device value taken before a step keeps its data.
+    @Test func dataOverwrittenInPlaceReadsAsDecodedAndCopiesKeepTheirValues() throws {
+        func service(_ entries: [(String, [UInt8])]) -> DBusValue {
+            .dictionary(
+                key: "s", value: "v", entries.map { DBusDictEntry(key: .string($0.0), value: .variant(.bytes($0.1))) })
+        }
+        let fcd2 = "0000fcd2-0000-1000-8000-00805f9b34fb"
+        let steps: [(String, [(String, DBusValue)])] = [
+            ("first data", [("ManufacturerData", manufacturer([(0x0499, .bytes([5, 1, 2]))]))]),
+            ("same key, same length", [("ManufacturerData", manufacturer([(0x0499, .bytes([5, 3, 4]))]))]),
+            ("same key, longer", [("ManufacturerData", manufacturer([(0x0499, .bytes(Array(0..<40)))]))]),
+            ("same key, shorter", [("ManufacturerData", manufacturer([(0x0499, .bytes([9]))]))]),
+            ("same key, empty", [("ManufacturerData", manufacturer([(0x0499, .bytes([]))]))]),
+            ("a key added", [("ManufacturerData", manufacturer([(0x0499, .bytes([1])), (0x004C, .bytes([2]))]))]),
+            (
+                "both keys, other order",
+                [("ManufacturerData", manufacturer([(0x004C, .bytes([3])), (0x0499, .bytes([4]))]))]
+            ),
+            ("a key twice", [("ManufacturerData", manufacturer([(0x0499, .bytes([5])), (0x0499, .bytes([6]))]))]),
+            ("a key dropped", [("ManufacturerData", manufacturer([(0x004C, .bytes([7]))]))]),
+            ("no keys", [("ManufacturerData", manufacturer([]))]),
+            ("service data", [("ServiceData", service([(fcd2, [0x40, 1])]))]),
+            ("service data, upper case", [("ServiceData", service([(fcd2.uppercased(), [0x40, 2, 3])]))]),
+            ("service data, another UUID", [("ServiceData", service([("0000181a-0000-1000-8000-00805f9b34fb", [1])]))]),
+            (
+                "both at once",
+                [
+                    ("ManufacturerData", manufacturer([(0x004C, .bytes([8]))])),
+                    ("ServiceData", service([("0000181A-0000-1000-8000-00805F9B34FB", [2])])),
+                ]
+            ),
+        ]
+        var decoded = baseTree()
+        var inPlace = baseTree()
+        for (name, entries) in steps {
+            let message = changed(entries)
+            let before = inPlace.device(at: dev)
+            _ = decoded.apply(message)
+            let event = try DBusSignalView.withView(of: message) { inPlace.applyAdvertisement($0) }
+            #expect(event != nil, "\(name): taken in place")
+            #expect(inPlace.devices == decoded.devices, "\(name)")
+            // The properties written back mean the same device (entries in key order, UUIDs in lower case, one
+            // entry per key: what the device value holds).
+            let written = inPlace.properties(dev, "org.bluez.Device1").map { BlueZDevice(path: dev, properties: $0) }
+            #expect(written == decoded.device(at: dev), "\(name): the written-back properties")
+            // The value taken before the step still reads as the device did then.
+            let then = decoded.device(at: dev)
+            #expect(before != nil && before != then, "\(name): the step changed the device")
+            #expect(before == Self.replay(steps.prefix { $0.0 != name }.map(\.1)), "\(name): an earlier copy changed")
+        }
+        #expect(inPlace.device(at: dev)?.manufacturerData == [0x004C: [8]])
+        #expect(inPlace.device(at: dev)?.serviceData == ["0000181a-0000-1000-8000-00805f9b34fb": [2]])
+    }
+
+    /// The device after `steps` on the decoded path.
+    private static func replay(_ steps: [[(String, DBusValue)]]) -> BlueZDevice? {
+        var tree = baseTree()
+        for entries in steps {
+            _ = tree.apply(
+                signal(
+                    dev, "org.freedesktop.DBus.Properties", "PropertiesChanged",
+                    [.string("org.bluez.Device1"), props(entries), .array("s", [])]))
+        }
+        return tree.device(at: dev)
     }
 
     @Test func everythingElseIsLeftToTheDecodedPath() throws {
