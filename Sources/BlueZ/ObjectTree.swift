@@ -258,14 +258,14 @@ struct BlueZObjectTree: Sendable {
             } else if entry.string(equals: "ManufacturerData") {
                 guard
                     let checked = Self.byteDictionary(
-                        &entry, keys: deviceValues.values[device].device.manufacturerData,
+                        &entry, keys: &deviceValues.values[device].device.manufacturerData,
                         isKey: { $0.uint16() != nil }, matches: Self.sameCompany)
                 else { return nil }
                 manufacturer = checked
             } else if entry.string(equals: "ServiceData") {
                 guard
                     let checked = Self.byteDictionary(
-                        &entry, keys: deviceValues.values[device].device.serviceData, isKey: Self.isUUIDKey,
+                        &entry, keys: &deviceValues.values[device].device.serviceData, isKey: Self.isUUIDKey,
                         matches: Self.sameUUID)
                 else { return nil }
                 service = checked
@@ -298,9 +298,16 @@ struct BlueZObjectTree: Sendable {
                 readKey: { $0.string().map(BlueZDevice.lowercasedUUID) }, matches: Self.sameUUID)
             fields.insert(.serviceData)
         }
-        if deviceValues.values[device].ahead.isEmpty { slotsAhead += 1 }
-        deviceValues.values[device].ahead.formUnion(fields)
+        if Self.mark(&deviceValues.values[device].ahead, fields) { slotsAhead += 1 }
         return .advertisementChanged(path: path, device: deviceValues.values[device].device)
+    }
+
+    /// Adds `fields` to a slot's `ahead`; true when nothing was ahead before. (One access to the slot, in place: a
+    /// read through `Dictionary.Values` copies the whole device value.)
+    private static func mark(_ ahead: inout AdvertisementFields, _ fields: AdvertisementFields) -> Bool {
+        let wasSettled = ahead.isEmpty
+        ahead.formUnion(fields)
+        return wasSettled
     }
 
     /// A ServiceData key: a UUID string (`s`, not `o`).
@@ -321,9 +328,10 @@ struct BlueZObjectTree: Sendable {
 
     /// Checks that the variant `entry` is at holds `a{Kv}` of `ay` (ManufacturerData, ServiceData) with keys
     /// `isKey` accepts; returns a reader at that dictionary and whether it holds exactly the keys `data` has, each
-    /// once (as `matches` compares them). Nil for any other shape. Nothing is copied.
+    /// once (as `matches` compares them). Nil for any other shape. Nothing is copied, nor is `data` changed (it is
+    /// `inout` only so that reading it through the mirror's slot copies no device value).
     private static func byteDictionary<Key: Hashable>(
-        _ entry: inout DBusArgumentReader, keys data: [Key: [UInt8]], isKey: (inout DBusArgumentReader) -> Bool,
+        _ entry: inout DBusArgumentReader, keys data: inout [Key: [UInt8]], isKey: (inout DBusArgumentReader) -> Bool,
         matches: (inout DBusArgumentReader, Key) -> Bool
     ) -> (reader: DBusArgumentReader, sameKeys: Bool)? {
         guard var variant = entry.enter(), let dictionary = variant.enter() else { return nil }
