@@ -493,11 +493,11 @@ public final class Bridge: Sendable {
                 let reading = try registry.decode(source, payload, context: context)
                 engine.withLock { $0.counters.decoded += 1 }
                 if let passiveReadings, let g = coordination, c.mode == .passive {
-                    offerPassive(r, reading, fields: parser.fields, readings: passiveReadings, coordination: g)
+                    offerPassive(r, reading, parser: parser, readings: passiveReadings, coordination: g)
                     continue
                 }
                 r.merge(reading, now: now, wall: wall)
-                noteAdvertisementFields(r, parser.fields, reading)
+                noteAdvertisementFields(r, parser, reading)
                 decodedAny = true
             } catch {
                 engine.withLock { $0.counters.decodeErrors += 1 }
@@ -525,18 +525,18 @@ public final class Bridge: Sendable {
     /// Multi-gateway mode: a passive reading is published unless a gateway published it already; the k-th best
     /// hearing gateway waits k × `passive_delay` first (docs/MULTI-GATEWAY.md#passive-devices).
     func offerPassive(
-        _ r: DeviceRecord, _ reading: GATTReading, fields: [GATTFieldDescriptor], readings: PassiveReadings,
+        _ r: DeviceRecord, _ reading: GATTReading, parser: any AdvertisementParser, readings: PassiveReadings,
         coordination g: GatewayCoordination
     ) {
         let wall = clock.wallClock
         if readings.isDuplicate(r.id, reading, wall: wall) {
-            takePassive(r, reading, fields: fields, publish: false)
+            takePassive(r, reading, parser: parser, publish: false)
             return
         }
         let rank = g.passiveRank(r.id, wall: wall)
         if rank == 0 {
             readings.notePublished(r.id, reading, wall: wall)
-            takePassive(r, reading, fields: fields, publish: true)
+            takePassive(r, reading, parser: parser, publish: true)
             return
         }
         let delay = Duration.milliseconds(Int64(Double(rank) * readings.delay * 1000))
@@ -545,14 +545,14 @@ public final class Bridge: Sendable {
             let wall = self.clock.wallClock
             let duplicate = readings.isDuplicate(r.id, reading, wall: wall)
             if !duplicate { readings.notePublished(r.id, reading, wall: wall) }
-            self.takePassive(r, reading, fields: fields, publish: !duplicate)
+            self.takePassive(r, reading, parser: parser, publish: !duplicate)
         }
     }
 
     /// Merges a passive reading into the state; publishes it, or counts it as another gateway's duplicate.
-    func takePassive(_ r: DeviceRecord, _ reading: GATTReading, fields: [GATTFieldDescriptor], publish: Bool) {
+    func takePassive(_ r: DeviceRecord, _ reading: GATTReading, parser: any AdvertisementParser, publish: Bool) {
         r.merge(reading, now: clock.now, wall: clock.wallClock)
-        noteAdvertisementFields(r, fields, reading)
+        noteAdvertisementFields(r, parser, reading)
         if publish {
             if let g = coordination {
                 let byGateway = g.rssiByGateway(r.id, wall: clock.wallClock)
@@ -621,12 +621,15 @@ public final class Bridge: Sendable {
         }
     }
 
-    func noteAdvertisementFields(_ r: DeviceRecord, _ declared: [GATTFieldDescriptor], _ reading: GATTReading) {
+    func noteAdvertisementFields(_ r: DeviceRecord, _ parser: any AdvertisementParser, _ reading: GATTReading) {
         let changed = r.data.withLock { d -> Bool in
             var changed = false
+            // The parser's declared fields are asked for only when a field is new (a parser may build them per call).
+            var declared: [GATTFieldDescriptor]?
             for field in reading.fields where !d.advertFields.contains(where: { $0.name == field.name }) {
+                if declared == nil { declared = parser.fields }
                 let descriptor =
-                    declared.first { $0.name == field.name } ?? GATTFieldDescriptor.inferred(fromName: field.name)
+                    declared?.first { $0.name == field.name } ?? GATTFieldDescriptor.inferred(fromName: field.name)
                 d.advertFields.append(descriptor)
                 changed = true
             }

@@ -17,16 +17,15 @@ public struct RuuviRAWv2Parser: AdvertisementParser {
     public let name = "ruuvi_rawv2"
 
     /// Climate, acceleration (milli-g, as Ruuvi publishes it), battery voltage, transmit power, counters, `mac`.
-    public var fields: [GATTFieldDescriptor] { Self.descriptors }
-
-    /// Built once: the bridge asks for the fields with every advertisement it decodes.
-    private static let descriptors: [GATTFieldDescriptor] = [
-        .measurement("temperature_c", "°C", "temperature"), .measurement("humidity_pct", "%", "humidity"),
-        .measurement("pressure_pa", "Pa", "pressure"), .measurement("acceleration_x_mg", "mG"),
-        .measurement("acceleration_y_mg", "mG"), .measurement("acceleration_z_mg", "mG"),
-        .measurement("battery_voltage_v", "V", "voltage"), .measurement("tx_power_dbm", "dBm", "signal_strength"),
-        .plain("movement_counter"), .plain("measurement_sequence"), .text("mac"),
-    ]
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .measurement("temperature_c", "°C", "temperature"), .measurement("humidity_pct", "%", "humidity"),
+            .measurement("pressure_pa", "Pa", "pressure"), .measurement("acceleration_x_mg", "mG"),
+            .measurement("acceleration_y_mg", "mG"), .measurement("acceleration_z_mg", "mG"),
+            .measurement("battery_voltage_v", "V", "voltage"), .measurement("tx_power_dbm", "dBm", "signal_strength"),
+            .plain("movement_counter"), .plain("measurement_sequence"), .text("mac"),
+        ]
+    }
 
     /// Creates the parser. It holds no state.
     public init() {}
@@ -81,13 +80,12 @@ public struct IBeaconParser: AdvertisementParser {
     public let name = "ibeacon"
 
     /// `ibeacon_uuid`, `major`, `minor`, `tx_power_dbm` (the calibrated power at 1 m).
-    public var fields: [GATTFieldDescriptor] { Self.descriptors }
-
-    /// Built once: the bridge asks for the fields with every advertisement it decodes.
-    private static let descriptors: [GATTFieldDescriptor] = [
-        .text("ibeacon_uuid"), .plain("major"), .plain("minor"),
-        .measurement("tx_power_dbm", "dBm", "signal_strength"),
-    ]
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .text("ibeacon_uuid"), .plain("major"), .plain("minor"),
+            .measurement("tx_power_dbm", "dBm", "signal_strength"),
+        ]
+    }
 
     /// Creates the parser. It holds no state.
     public init() {}
@@ -129,15 +127,14 @@ public struct EddystoneParser: AdvertisementParser {
     public let name = "eddystone"
 
     /// Every frame type's fields (UID, URL, TLM, EID); `frame_type` says which a payload carried.
-    public var fields: [GATTFieldDescriptor] { Self.descriptors }
-
-    /// Built once: the bridge asks for the fields with every advertisement it decodes.
-    private static let descriptors: [GATTFieldDescriptor] = [
-        .text("frame_type"), .measurement("tx_power_dbm", "dBm", "signal_strength"), .text("namespace"),
-        .text("instance"), .text("url"), .measurement("battery_voltage_v", "V", "voltage"),
-        .measurement("temperature_c", "°C", "temperature"), .increasing("adv_count", nil),
-        .increasing("uptime_s", "s", "duration"), .text("eid"),
-    ]
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .text("frame_type"), .measurement("tx_power_dbm", "dBm", "signal_strength"), .text("namespace"),
+            .text("instance"), .text("url"), .measurement("battery_voltage_v", "V", "voltage"),
+            .measurement("temperature_c", "°C", "temperature"), .increasing("adv_count", nil),
+            .increasing("uptime_s", "s", "duration"), .text("eid"),
+        ]
+    }
 
     /// Creates the parser. It holds no state.
     public init() {}
@@ -224,13 +221,12 @@ public struct GoveeH5075Parser: AdvertisementParser {
     public let name = "govee_h5075"
 
     /// `temperature_c`, `humidity_pct`, `battery_pct`.
-    public var fields: [GATTFieldDescriptor] { Self.descriptors }
-
-    /// Built once: the bridge asks for the fields with every advertisement it decodes.
-    private static let descriptors: [GATTFieldDescriptor] = [
-        .measurement("temperature_c", "°C", "temperature"), .measurement("humidity_pct", "%", "humidity"),
-        .measurement("battery_pct", "%", "battery"),
-    ]
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .measurement("temperature_c", "°C", "temperature"), .measurement("humidity_pct", "%", "humidity"),
+            .measurement("battery_pct", "%", "battery"),
+        ]
+    }
 
     /// Creates the parser. It holds no state.
     public init() {}

@@ -10,14 +10,13 @@ public struct ATCParser: AdvertisementParser {
     public let name = "atc_pvvx"
 
     /// Every layout's fields; the encrypted ones carry no `mac` and no `battery_voltage_v`.
-    public var fields: [GATTFieldDescriptor] { Self.descriptors }
-
-    /// Built once: the bridge asks for the fields with every advertisement it decodes.
-    private static let descriptors: [GATTFieldDescriptor] = [
-        .text("mac"), .measurement("temperature_c", "°C", "temperature"),
-        .measurement("humidity_pct", "%", "humidity"), .measurement("battery_pct", "%", "battery"),
-        .measurement("battery_voltage_v", "V", "voltage"), .plain("packet_counter"), .plain("flags"),
-    ]
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .text("mac"), .measurement("temperature_c", "°C", "temperature"),
+            .measurement("humidity_pct", "%", "humidity"), .measurement("battery_pct", "%", "battery"),
+            .measurement("battery_voltage_v", "V", "voltage"), .plain("packet_counter"), .plain("flags"),
+        ]
+    }
 
     /// Creates the parser. It holds no state.
     public init() {}
@@ -121,16 +120,15 @@ public struct MiBeaconParser: AdvertisementParser {
     public let name = "xiaomi_mibeacon"
 
     /// The frame header fields, `mac`, then every object the parser decodes.
-    public var fields: [GATTFieldDescriptor] { Self.descriptors }
-
-    /// Built once: the bridge asks for the fields with every advertisement it decodes.
-    private static let descriptors: [GATTFieldDescriptor] = [
-        .plain("frame_version"), .plain("product_id"), .plain("frame_counter"), .text("mac"),
-        .measurement("temperature_c", "°C", "temperature"), .measurement("humidity_pct", "%", "humidity"),
-        .measurement("illuminance_lx", "lx", "illuminance"), .measurement("moisture_pct", "%", "moisture"),
-        .measurement("conductivity_us_cm", "\(GATTHomeAssistant.microSign)S/cm", "conductivity"),
-        .measurement("battery_pct", "%", "battery"),
-    ]
+    public var fields: [GATTFieldDescriptor] {
+        [
+            .plain("frame_version"), .plain("product_id"), .plain("frame_counter"), .text("mac"),
+            .measurement("temperature_c", "°C", "temperature"), .measurement("humidity_pct", "%", "humidity"),
+            .measurement("illuminance_lx", "lx", "illuminance"), .measurement("moisture_pct", "%", "moisture"),
+            .measurement("conductivity_us_cm", "\(GATTHomeAssistant.microSign)S/cm", "conductivity"),
+            .measurement("battery_pct", "%", "battery"),
+        ]
+    }
 
     /// Creates the parser. It holds no state.
     public init() {}
