@@ -335,8 +335,9 @@ struct BlueZObjectTree: Sendable {
         matches: (inout DBusArgumentReader, Key) -> Bool
     ) -> (reader: DBusArgumentReader, sameKeys: Bool)? {
         guard var variant = entry.enter(), let dictionary = variant.enter() else { return nil }
-        var sameKeys = data.count <= 64
-        var seen: UInt64 = 0
+        // Keys are matched by a scan (advertisers send one or two); a larger dictionary is simply rebuilt.
+        var sameKeys = data.count <= 8
+        var seen: UInt8 = 0
         var count = 0
         var reader = dictionary
         while !reader.isAtEnd {
