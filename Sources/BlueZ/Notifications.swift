@@ -1,5 +1,6 @@
 // Notification sessions: AcquireNotify sockets read by a dispatch source (one datagram per notification), or
 // StartNotify with values routed from the mirror's PropertiesChanged(Value).
+internal import CLinux
 import DBus
 import Dispatch
 import Synchronization
@@ -165,37 +166,80 @@ final class NotifySession: Sendable {
         source.resume()
     }
 
-    /// The receive buffer of one socket.
+    /// The receive buffers of one socket: `batch` datagrams of up to 1,024 bytes each (an ATT value is at most
+    /// 512), read with one recvmmsg(2).
     private final class ReadBuffer: @unchecked Sendable {
         // Only touched by the socket's handler, which never runs twice at once.
-        var bytes = [UInt8](repeating: 0, count: 1024)
+        static let batch = 8
+        static let size = 1024
+        let bytes = UnsafeMutableRawPointer.allocate(byteCount: batch * size, alignment: 16)
+        let vectors = UnsafeMutablePointer<iovec>.allocate(capacity: batch)
+        let headers = UnsafeMutablePointer<clinux_mmsghdr>.allocate(capacity: batch)
+
+        init() {
+            for i in 0..<Self.batch {
+                vectors[i] = iovec(iov_base: bytes + i * Self.size, iov_len: Self.size)
+            }
+        }
+
+        deinit {
+            bytes.deallocate()
+            vectors.deallocate()
+            headers.deallocate()
+        }
 
         /// Reads every queued datagram.
         func drain(_ fd: Int32, _ session: NotifySession) {
-            session.drainSocket(fd, &bytes)
+            session.drainSocket(fd, self)
+        }
+
+        /// Reads up to `batch` queued datagrams without waiting: their count, or -1 with errno set.
+        func receive(_ fd: Int32) -> Int {
+            for i in 0..<Self.batch {
+                headers[i] = clinux_mmsghdr()
+                headers[i].msg_hdr.msg_iov = vectors + i
+                headers[i].msg_hdr.msg_iovlen = 1
+            }
+            return Int(clinux_recvmmsg(fd, headers, UInt32(Self.batch), Int32(MSG_DONTWAIT), nil))
+        }
+
+        func length(_ i: Int) -> Int { Int(headers[i].msg_len) }
+
+        func value(_ i: Int) -> [UInt8] {
+            [UInt8](UnsafeRawBufferPointer(start: bytes + i * Self.size, count: length(i)))
         }
     }
 
-    /// Reads every queued datagram from `fd` and yields each; on end of file ends the session.
-    private func drainSocket(_ fd: Int32, _ buffer: inout [UInt8]) {
+    /// Reads every queued datagram from `fd` and yields each; on end of file ends the session. One recvmmsg(2)
+    /// reads what is queued, up to a batch: fewer than a batch means the queue was empty, so a wake-up with one
+    /// notification costs one call (a `recv` loop needed a second, to see EAGAIN).
+    private func drainSocket(_ fd: Int32, _ buffer: ReadBuffer) {
         while true {
-            let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
-            if n > 0 {
-                self.yield(Array(buffer[0..<n]))
-                continue
-            }
-            if n == 0, !Self.isShutDown(fd) || Self.bytesQueued(fd) > 0 {
-                self.yield([])
-                continue
-            }
-            if n < 0 {
+            let count = buffer.receive(fd)
+            if count < 0 {
                 let e = errno
                 if e == EINTR { continue }
                 if e == EAGAIN || e == EWOULDBLOCK { return }
+                // A hard error: BlueZ shut the socket (disconnect, release, or bluetoothd stopped).
+                self.socketClosed()
+                return
             }
-            // EOF or a hard error: BlueZ shut the socket (disconnect, release, or bluetoothd stopped).
-            self.socketClosed()
-            return
+            for i in 0..<count {
+                if buffer.length(i) > 0 {
+                    self.yield(buffer.value(i))
+                    continue
+                }
+                // At end of file every entry of the batch reads as empty; a real empty notification is followed
+                // by an open socket, a later non-empty entry, or queued data.
+                let dataAfter = (i + 1..<count).contains { buffer.length($0) > 0 }
+                if !Self.isShutDown(fd) || dataAfter || Self.bytesQueued(fd) > 0 {
+                    self.yield([])
+                    continue
+                }
+                self.socketClosed()
+                return
+            }
+            if count < ReadBuffer.batch { return }
         }
     }
 
