@@ -39,7 +39,7 @@ let package = Package(
         .target(name: "Signals"),
         .target(name: "DBus", dependencies: ["CDBus"]),
         .target(name: "BlueZ", dependencies: ["DBus", "Logging", "CLinux"]),
-        .target(name: "MQTT", dependencies: ["CMosquitto", "Logging"]),
+        .target(name: "MQTT", dependencies: ["CMosquitto", "CLinux", "Logging"]),
         .target(name: "GATT"),
         .target(name: "GATTCrypto", dependencies: ["GATT", "CCrypto"]),
         .target(name: "YAML", dependencies: ["CYAML"]),

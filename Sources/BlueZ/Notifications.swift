@@ -177,8 +177,12 @@ final class NotifySession: Sendable {
         let headers = UnsafeMutablePointer<clinux_mmsghdr>.allocate(capacity: batch)
 
         init() {
+            // Set once: recvmmsg(2) only writes each entry's msg_len and msg_flags back (no name, no control).
             for i in 0..<Self.batch {
                 vectors[i] = iovec(iov_base: bytes + i * Self.size, iov_len: Self.size)
+                headers[i] = clinux_mmsghdr()
+                headers[i].msg_hdr.msg_iov = vectors + i
+                headers[i].msg_hdr.msg_iovlen = 1
             }
         }
 
@@ -195,11 +199,6 @@ final class NotifySession: Sendable {
 
         /// Reads up to `batch` queued datagrams without waiting: their count, or -1 with errno set.
         func receive(_ fd: Int32) -> Int {
-            for i in 0..<Self.batch {
-                headers[i] = clinux_mmsghdr()
-                headers[i].msg_hdr.msg_iov = vectors + i
-                headers[i].msg_hdr.msg_iovlen = 1
-            }
             return Int(clinux_recvmmsg(fd, headers, UInt32(Self.batch), Int32(MSG_DONTWAIT), nil))
         }
 

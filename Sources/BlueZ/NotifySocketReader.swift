@@ -131,7 +131,7 @@ final class NotifySocketReader: Sendable {
         let (epoll, wakeRead) = state.withLock { ($0.epoll, $0.wakeRead) }
         var events = [epoll_event](repeating: epoll_event(), count: 64)
         var buffer = [UInt8](repeating: 0, count: 256)
-        var lastWake = Self.monotonicNanoseconds()
+        var lastWake = UInt64(clinux_monotonic_ns())
         while true {
             // Removed sockets leave the set and are closed here, between handler runs.
             let closing = state.withLock { s -> [Int32] in
@@ -151,7 +151,7 @@ final class NotifySocketReader: Sendable {
                 usleep(10_000)
                 continue
             }
-            let wake = Self.monotonicNanoseconds()
+            let wake = UInt64(clinux_monotonic_ns())
             // Under load (woken again within 2 ms) the round is a gathering one: observers hear of it around it.
             let busy = wake &- lastWake < 2_000_000
             let observers = busy ? state.withLock { Array($0.observers.values) } : []
@@ -170,11 +170,9 @@ final class NotifySocketReader: Sendable {
             // every notification of that millisecond instead of one each (at 5,000/s, 5 per round). It adds at
             // most 1 ms to a notification's way; at low rates nothing waits.
             if busy {
-                let spent = Self.monotonicNanoseconds() &- wake
+                let spent = UInt64(clinux_monotonic_ns()) &- wake
                 if spent < Self.gatherNanoseconds {
-                    var pause = timespec(tv_sec: 0, tv_nsec: Int(Self.gatherNanoseconds &- spent))
-                    var left = timespec()
-                    while nanosleep(&pause, &left) != 0 && errno == EINTR { pause = left }
+                    clinux_sleep_ns(CUnsignedLongLong(Self.gatherNanoseconds &- spent))
                 }
             }
             lastWake = wake
@@ -183,12 +181,6 @@ final class NotifySocketReader: Sendable {
 
     /// How long a round under load gathers notifications (see `run`).
     static let gatherNanoseconds: UInt64 = 1_000_000
-
-    private static func monotonicNanoseconds() -> UInt64 {
-        var now = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &now)
-        return UInt64(now.tv_sec) &* 1_000_000_000 &+ UInt64(now.tv_nsec)
-    }
 }
 
 /// Rounds of notification delivery under load: the notify reader thread, woken again within 2 ms of its last

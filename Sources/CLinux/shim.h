@@ -1,6 +1,8 @@
 // Linux interfaces that Swift's Glibc module does not export: epoll(7), for the notification reader (one wake-up
 // for the sockets that are ready, whatever the number of sockets registered), and recvmmsg(2), which reads every
 // queued notification of a socket in one call (Glibc declares it, and struct mmsghdr, only under _GNU_SOURCE).
+// Also the two clock primitives of the loops that gather work under load (the notify reader, the MQTT loop).
+#include <errno.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -14,3 +16,16 @@ struct clinux_mmsghdr {
 /// recvmmsg(2).
 int clinux_recvmmsg(int sockfd, struct clinux_mmsghdr *msgvec, unsigned int vlen, int flags,
                     struct timespec *timeout) __asm__("recvmmsg");
+
+/// CLOCK_MONOTONIC, in nanoseconds.
+static inline unsigned long long clinux_monotonic_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (unsigned long long)now.tv_sec * 1000000000ULL + (unsigned long long)now.tv_nsec;
+}
+
+/// Sleeps `ns` nanoseconds (under a second), resuming after a signal for the time that is left.
+static inline void clinux_sleep_ns(unsigned long long ns) {
+    struct timespec pause = {0, (long)ns}, left;
+    while (nanosleep(&pause, &left) != 0 && errno == EINTR) pause = left;
+}

@@ -12,6 +12,7 @@
 // seen from the acknowledgement callbacks, so an acknowledgement always finds its waiter, and one without a waiter
 // is dropped instead of being kept for a later message that reuses the id. (QoS 0 "sent" notifications arrive
 // through the same callback; `ignoredAcks` tells them apart.)
+internal import CLinux
 internal import CMosquitto
 import Dispatch
 import Synchronization
@@ -420,12 +421,8 @@ final class ClientCore: Sendable {
                 // wake-up read every acknowledgement of that interval instead of one or two each; at low rates
                 // (and for the first packet after a quiet spell) nothing waits. It adds at most that interval to an
                 // incoming command's way under load, and the in-flight window covers the acknowledgements held back.
-                let wake = ClientCore.monotonicNanoseconds()
-                if wake &- lastWake < 2_000_000 {
-                    var pause = timespec(tv_sec: 0, tv_nsec: Int(ClientCore.readGatherNanoseconds))
-                    var left = timespec()
-                    while nanosleep(&pause, &left) != 0 && errno == EINTR { pause = left }
-                }
+                let wake = UInt64(clinux_monotonic_ns())
+                if wake &- lastWake < 2_000_000 { clinux_sleep_ns(CUnsignedLongLong(ClientCore.readGatherNanoseconds)) }
                 lastWake = wake
                 let rc = mosquitto_loop_read(raw, 1)
                 if rc != Mosquitto.success { return rc }
@@ -461,12 +458,6 @@ final class ClientCore: Sendable {
     /// How long the plain-TCP loop gathers what the broker sends before reading it, under load (see
     /// `serviceConnection`).
     static let readGatherNanoseconds: UInt64 = 1_000_000
-
-    static func monotonicNanoseconds() -> UInt64 {
-        var now = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &now)
-        return UInt64(now.tv_sec) &* 1_000_000_000 &+ UInt64(now.tv_nsec)
-    }
 
     /// After handing libmosquitto a packet: on plain TCP, writes it out from this thread (no loop wake-up per
     /// message); on the loop thread itself, or under TLS, the loop writes it.
