@@ -32,7 +32,9 @@ let package = Package(
         .systemLibrary(name: "CYAML", pkgConfig: "yaml-0.1", providers: [.apt(["libyaml-dev"])]),
         .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CLinux"),  // glibc's own headers (libc6-dev) that the Glibc module leaves out
-        .systemLibrary(name: "CMicroHTTPD", pkgConfig: "libmicrohttpd", providers: [.apt(["libmicrohttpd-dev"])]),
+        // Headers only (libmicrohttpd-dev): the library is loaded with dlopen when a metrics endpoint starts, so it
+        // takes no pkgConfig, whose --libs would link it (and gnutls behind it) into every process.
+        .systemLibrary(name: "CMicroHTTPD"),
 
         // Swift layers.
         .target(name: "Logging"),

@@ -6,7 +6,8 @@
 #   /usr/lib/sysusers.d/blebridge.conf        the `blebridge` system user in group `bluetooth`
 #   /etc/blebridge/config.yaml                the example configuration, a conffile
 #   /usr/share/man/man1/blebridge.1.gz, /usr/share/doc/blebridge/{copyright,changelog.Debian.gz,README.md,...}
-# Depends come from dpkg-shlibdeps on the binary (the library versions it was linked against) plus bluez and
+# Depends come from dpkg-shlibdeps on the binary (the library versions it was linked against), libmicrohttpd12
+# (loaded with dlopen, so invisible to dpkg-shlibdeps), bluez and
 # adduser. The maintainer scripts create the user and enable or start nothing on a first install.
 #
 # Usage: deploy/build-deb.sh [--binary PATH] [--output DIR] [--arch ARCH] [--version VERSION]
@@ -159,10 +160,16 @@ for entry in "${entries[@]}"; do
     fi
     deps+=("$entry")
 done
-for needed in libdbus-1-3 libmosquitto1 libyaml-0-2 libssl3 libmicrohttpd12; do
+for needed in libdbus-1-3 libmosquitto1 libyaml-0-2 libssl3; do
     printf '%s\n' "${deps[@]}" | grep -q "^$needed " ||
         die "dpkg-shlibdeps did not report $needed with a version (got: $shlibs)"
 done
+# libmicrohttpd (the metrics endpoint) is loaded with dlopen(3) when a server starts (Sources/CMicroHTTPD/shim.h),
+# so the binary does not list it and dpkg-shlibdeps cannot see it. 0.9.50 is what dpkg-shlibdeps gave for the same
+# seven functions when the binary was linked against it.
+printf '%s\n' "${deps[@]}" | grep -q '^libmicrohttpd12 ' && die "libmicrohttpd12 is linked again; drop the entry below"
+deps+=("libmicrohttpd12 (>= 0.9.50)")
+mapfile -t deps < <(printf '%s\n' "${deps[@]}" | LC_ALL=C sort)
 depends="$(printf '%s, ' "${deps[@]}")bluez, adduser"
 
 installed_size="$(du -sk --exclude=DEBIAN "$pkg" | cut -f1)"

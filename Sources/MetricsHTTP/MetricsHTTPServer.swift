@@ -27,6 +27,8 @@ public enum MetricsHTTPError: Error, Equatable, CustomStringConvertible {
     case cannotListen(address: String, reason: String)
     /// ``MetricsHTTPServer/start(handler:)`` was called while the server was already running.
     case alreadyRunning(address: String)
+    /// libmicrohttpd could not be loaded (it is loaded when the first server starts); `reason` is dlerror(3)'s.
+    case libraryUnavailable(library: String, reason: String)
 
     /// The text people read: what failed, for which address, and what to do.
     public var description: String {
@@ -37,6 +39,9 @@ public enum MetricsHTTPError: Error, Equatable, CustomStringConvertible {
             return "metrics endpoint \(address): cannot listen: \(reason)"
         case .alreadyRunning(let address):
             return "metrics endpoint \(address) is already running; stop it before starting it again"
+        case .libraryUnavailable(let library, let reason):
+            return "metrics endpoint: cannot load \(library) (\(reason)); install libmicrohttpd12"
+                + " or remove metrics.listen"
         }
     }
 }
@@ -53,6 +58,8 @@ public enum MetricsHTTPError: Error, Equatable, CustomStringConvertible {
 public final class MetricsHTTPServer: Sendable {
     /// The listen value as given, e.g. `127.0.0.1:9464`.
     public let listen: String
+    /// Where libmicrohttpd is loaded from when the server starts.
+    private let library: String
     private let address: MetricsListenAddress
     private let logger: Logger
     private let state = Mutex<Running?>(nil)
@@ -62,8 +69,14 @@ public final class MetricsHTTPServer: Sendable {
     ///
     /// - Throws: ``MetricsHTTPError/invalidListenAddress(_:reason:)`` naming the value, for anything else (host
     ///   names included: the bind is exactly what was written, no resolver involved).
-    public init(listen: String, logger: Logger?) throws(MetricsHTTPError) {
+    public convenience init(listen: String, logger: Logger?) throws(MetricsHTTPError) {
+        try self.init(listen: listen, logger: logger, library: MicroHTTPD.soname)
+    }
+
+    /// As ``init(listen:logger:)``, with libmicrohttpd loaded from `library` (a soname or path) when starting.
+    init(listen: String, logger: Logger?, library: String) throws(MetricsHTTPError) {
         self.listen = listen
+        self.library = library
         self.address = try MetricsListenAddress(parsing: listen)
         self.logger = (logger ?? .disabled).labelled(component: "metrics")
     }
@@ -81,7 +94,8 @@ public final class MetricsHTTPServer: Sendable {
     public func start(handler: @escaping MetricsHTTPHandler) throws(MetricsHTTPError) {
         let started = try state.withLock { (running: inout Running?) throws(MetricsHTTPError) -> Int in
             guard running == nil else { throw .alreadyRunning(address: listen) }
-            let context = Unmanaged.passRetained(ServerContext(handler: handler, logger: logger))
+            let mhd = try MicroHTTPD.loaded(library).get()
+            let context = Unmanaged.passRetained(ServerContext(handler: handler, logger: logger, mhd: mhd))
             let dualStack = address.host == .any && Self.ipv6Available()
             let (daemon, code) = address.withSocketAddress(dualStack: dualStack) { socketAddress, isIPv6 in
                 // poll(2), not epoll: level-triggered, so a client that sends a request fragment and then closes
@@ -91,9 +105,11 @@ public final class MetricsHTTPServer: Sendable {
                 flags |= MHD_USE_ERROR_LOG.rawValue
                 if isIPv6 { flags |= dualStack ? MHD_USE_DUAL_STACK.rawValue : MHD_USE_IPv6.rawValue }
                 errno = 0
-                let daemon = blebridge_mhd_start(
-                    flags, socketAddress, metricsAccessHandler, context.toOpaque(), metricsLogHandler,
-                    context.toOpaque(), Limits.connections, Limits.timeoutSeconds, Limits.memoryBytes)
+                let daemon = withUnsafePointer(to: mhd.api) { api in
+                    blebridge_mhd_start(
+                        api, flags, socketAddress, metricsAccessHandler, context.toOpaque(), metricsLogHandler,
+                        context.toOpaque(), Limits.connections, Limits.timeoutSeconds, Limits.memoryBytes)
+                }
                 return (daemon, errno)
             }
             let messages = context.takeUnretainedValue().finishStarting()
@@ -101,8 +117,8 @@ public final class MetricsHTTPServer: Sendable {
                 context.release()
                 throw .cannotListen(address: listen, reason: Self.reason(code: code, messages: messages))
             }
-            let port = Int(blebridge_mhd_bound_port(daemon))
-            running = Running(daemon: daemon, context: context, port: port)
+            let port = Int(withUnsafePointer(to: mhd.api) { blebridge_mhd_bound_port($0, daemon) })
+            running = Running(daemon: daemon, context: context, port: port, mhd: mhd)
             return port
         }
         logger.info("serving HTTP on \(listen) (port \(started))")
@@ -116,7 +132,7 @@ public final class MetricsHTTPServer: Sendable {
             return running
         }
         guard let stopped else { return }
-        MHD_stop_daemon(stopped.daemon)
+        stopped.mhd.stopDaemon(stopped.daemon)
         // The thread has finished, so no callback holds the context any more.
         stopped.context.release()
         logger.debug("stopped serving HTTP on \(listen)")
@@ -175,18 +191,60 @@ private struct Running: @unchecked Sendable {
     var daemon: OpaquePointer
     var context: Unmanaged<ServerContext>
     var port: Int
+    var mhd: MicroHTTPD
+}
+
+/// libmicrohttpd's functions, looked up with dlopen(3) when the first server starts (CMicroHTTPD/shim.h says why).
+/// Immutable once loaded; the library is never unloaded.
+struct MicroHTTPD: @unchecked Sendable {
+    /// The library the Debian package libmicrohttpd12 installs.
+    static let soname = "libmicrohttpd.so.12"
+
+    let api: blebridge_mhd_api
+    let stopDaemon: @convention(c) (OpaquePointer?) -> Void
+    let createResponse: @convention(c) (Int, UnsafeMutableRawPointer?, MHD_ResponseMemoryMode) -> OpaquePointer?
+    let addHeader: @convention(c) (OpaquePointer?, UnsafePointer<CChar>?, UnsafePointer<CChar>?) -> MHD_Result
+    let queueResponse: @convention(c) (OpaquePointer?, UInt32, OpaquePointer?) -> MHD_Result
+    let destroyResponse: @convention(c) (OpaquePointer?) -> Void
+
+    /// The process's copy of the default library, loaded on first use.
+    private static let shared = load(soname)
+
+    /// The library at `name`: the shared copy for the default soname, a fresh load otherwise.
+    static func loaded(_ name: String) -> Result<MicroHTTPD, MetricsHTTPError> {
+        name == soname ? shared : load(name)
+    }
+
+    private static func load(_ name: String) -> Result<MicroHTTPD, MetricsHTTPError> {
+        var api = blebridge_mhd_api()
+        if let failure = blebridge_mhd_load(name, &api) {
+            return .failure(.libraryUnavailable(library: name, reason: String(cString: failure)))
+        }
+        guard let stop = api.stop_daemon, let create = api.create_response_from_buffer,
+            let add = api.add_response_header, let queue = api.queue_response, let destroy = api.destroy_response,
+            api.start_daemon != nil, api.get_daemon_info != nil
+        else {
+            return .failure(.libraryUnavailable(library: name, reason: "a function is missing"))
+        }
+        return .success(
+            MicroHTTPD(
+                api: api, stopDaemon: stop, createResponse: create, addHeader: add, queueResponse: queue,
+                destroyResponse: destroy))
+    }
 }
 
 /// What the C callbacks need, reached through libmicrohttpd's userdata pointer.
 private final class ServerContext: Sendable {
     let handler: MetricsHTTPHandler
     let logger: Logger
+    let mhd: MicroHTTPD
     /// libmicrohttpd's messages while the daemon starts (they explain a failure); nil once started.
     private let startMessages = Mutex<[String]?>([])
 
-    init(handler: @escaping MetricsHTTPHandler, logger: Logger) {
+    init(handler: @escaping MetricsHTTPHandler, logger: Logger, mhd: MicroHTTPD) {
         self.handler = handler
         self.logger = logger
+        self.mhd = mhd
     }
 
     /// Stops collecting start messages and returns them.
@@ -231,17 +289,17 @@ private final class ServerContext: Sendable {
         -> MHD_Result
     {
         let created = body.withUnsafeBytes { raw in
-            MHD_create_response_from_buffer(
+            mhd.createResponse(
                 raw.count, UnsafeMutableRawPointer(mutating: raw.baseAddress), .RESPMEM_MUST_COPY)
         }
         // Without a response libmicrohttpd closes the connection, which is all that is left to do.
         guard let response = created else { return MHD_Result.NO }
-        defer { MHD_destroy_response(response) }
-        if MHD_add_response_header(response, "Content-Type", contentType) == MHD_Result.NO {
+        defer { mhd.destroyResponse(response) }
+        if mhd.addHeader(response, "Content-Type", contentType) == MHD_Result.NO {
             logger.warning("Content-Type \"\(contentType)\" was refused by libmicrohttpd; sent without it")
         }
-        if let allow { _ = MHD_add_response_header(response, "Allow", allow) }
-        return MHD_queue_response(connection, UInt32(status), response)
+        if let allow { _ = mhd.addHeader(response, "Allow", allow) }
+        return mhd.queueResponse(connection, UInt32(status), response)
     }
 }
 

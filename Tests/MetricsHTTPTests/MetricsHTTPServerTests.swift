@@ -1,7 +1,8 @@
 import Logging
-import MetricsHTTP
 import Synchronization
 import Testing
+
+@testable import MetricsHTTP
 
 #if canImport(Glibc)
     import Glibc
@@ -256,6 +257,21 @@ func startedServer(_ listen: String = "127.0.0.1:0", _ sample: SampleHandler = S
         for value in ["127.0.0.1:9464", "[::1]:9464", ":9464", "0.0.0.0:1", "[::]:65535"] {
             #expect(try MetricsHTTPServer(listen: value, logger: nil).listen == value)
         }
+    }
+
+    @Test func missingLibraryThrowsAtStartNamingIt() throws {
+        // libmicrohttpd is loaded when a server starts, so a machine without it fails there, with what to do.
+        let server = try MetricsHTTPServer(listen: "127.0.0.1:0", logger: nil, library: "libmicrohttpd-absent.so.12")
+        var thrown: MetricsHTTPError?
+        do { try server.start(handler: SampleHandler().handler) } catch { thrown = error }
+        guard case .libraryUnavailable(let library, let reason) = thrown else {
+            Issue.record("expected libraryUnavailable, got \(String(describing: thrown))")
+            return
+        }
+        #expect(library == "libmicrohttpd-absent.so.12")
+        #expect(reason.contains("libmicrohttpd-absent.so.12"))
+        #expect(thrown?.description.contains("install libmicrohttpd12") == true)
+        #expect(server.port == nil)
     }
 
     @Test func startTwiceThrowsAndStopAllowsARestart() throws {
