@@ -29,17 +29,24 @@ struct QueuedPublish: Sendable {
     let completion: Completion<Void>
 }
 
-/// A FIFO with cheap removal of the oldest QoS 0 element (slots are nil'ed, the head skips them).
+/// A FIFO with cheap removal of the oldest QoS 0 element (slots are nil'ed, the head skips them). Every operation
+/// is O(1) amortised: a full queue of QoS 1 messages (the broker acknowledging slower than the bridge publishes)
+/// must not cost a scan of the whole queue per publish, or the publishing thread falls further behind.
 struct OutgoingQueue {
     private var slots: [QueuedPublish?] = []
     private var head = 0
     private(set) var count = 0
+    /// QoS 0 elements in the queue.
+    private var qos0Count = 0
+    /// No QoS 0 element sits before this slot, so the search for the oldest starts here.
+    private var qos0Cursor = 0
 
     var isEmpty: Bool { count == 0 }
 
     mutating func append(_ item: QueuedPublish) {
         slots.append(item)
         count += 1
+        if item.message.qos == .atMostOnce { qos0Count += 1 }
     }
 
     /// The oldest element.
@@ -53,21 +60,26 @@ struct OutgoingQueue {
         slots[head] = nil
         head += 1
         count -= 1
+        if item.message.qos == .atMostOnce { qos0Count -= 1 }
         compact()
         return item
     }
 
     /// Removes the oldest QoS 0 element, if any.
     mutating func removeOldestQoS0() -> QueuedPublish? {
-        var index = head
+        guard qos0Count > 0 else { return nil }
+        var index = max(head, qos0Cursor)
         while index < slots.count {
-            if let item = slots[index], item.message.qos == .atMostOnce {
+            if slots[index]?.message.qos == .atMostOnce, let item = slots[index] {
                 slots[index] = nil
                 count -= 1
+                qos0Count -= 1
+                qos0Cursor = index + 1
                 return item
             }
             index += 1
         }
+        qos0Cursor = index
         return nil
     }
 
@@ -77,6 +89,8 @@ struct OutgoingQueue {
         slots = items.map { Optional($0) } + slots[head...].filter { $0 != nil }
         head = 0
         count = slots.count
+        qos0Cursor = 0
+        qos0Count = slots.reduce(0) { $0 + ($1?.message.qos == .atMostOnce ? 1 : 0) }
     }
 
     mutating func removeAll() -> [QueuedPublish] {
@@ -84,12 +98,15 @@ struct OutgoingQueue {
         slots = []
         head = 0
         count = 0
+        qos0Count = 0
+        qos0Cursor = 0
         return items
     }
 
     private mutating func compact() {
         if head > 4096 && head * 2 > slots.count {
             slots.removeFirst(head)
+            qos0Cursor = max(0, qos0Cursor - head)
             head = 0
         }
     }
@@ -424,8 +441,21 @@ final class ClientCore: Sendable {
                 let wake = UInt64(clinux_monotonic_ns())
                 if wake &- lastWake < 2_000_000 { clinux_sleep_ns(CUnsignedLongLong(ClientCore.readGatherNanoseconds)) }
                 lastWake = wake
-                let rc = mosquitto_loop_read(raw, 1)
-                if rc != Mosquitto.success { return rc }
+                // libmosquitto reads packets until one read finds nothing (EAGAIN), but tests errno after every
+                // packet, also after one that read fine: a stale EAGAIN (from the previous call's last read, or left
+                // by a callback) ends the call after one packet, one acknowledgement per wake-up (under load, with
+                // the wait above, about 1,000 per second: the in-flight window fills and publishes queue). Cleared
+                // here and kept by the callbacks, one call reads all that came.
+                // One call reads at most as many packets as QoS 1/2 messages are outstanding, one when none are
+                // (a subscriber's QoS 1 deliveries), so the call is repeated while the socket stays readable: a
+                // stream of incoming messages is read in one wake-up too, not one message per gathering interval.
+                var reads = 0
+                repeat {
+                    errno = 0
+                    let rc = mosquitto_loop_read(raw, 1)
+                    if rc != Mosquitto.success { return rc }
+                    reads += 1
+                } while reads < ClientCore.readsPerWake && Self.isReadable(mosquitto_socket(raw))
             }
             if mosquitto_socket(raw) >= 0 && mosquitto_want_write(raw) {
                 let rc = mosquitto_loop_write(raw, 1)
@@ -458,6 +488,16 @@ final class ClientCore: Sendable {
     /// How long the plain-TCP loop gathers what the broker sends before reading it, under load (see
     /// `serviceConnection`).
     static let readGatherNanoseconds: UInt64 = 1_000_000
+
+    /// At most this many `mosquitto_loop_read` calls per wake-up, so writes and timers are served in between.
+    static let readsPerWake = 256
+
+    /// True when `socket` has something to read now.
+    static func isReadable(_ socket: Int32) -> Bool {
+        guard socket >= 0 else { return false }
+        var fd = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
+        return poll(&fd, 1, 0) > 0 && fd.revents & Int16(POLLIN) != 0
+    }
 
     /// After handing libmosquitto a packet: on plain TCP, writes it out from this thread (no loop wake-up per
     /// message); on the loop thread itself, or under TLS, the loop writes it.
@@ -819,6 +859,10 @@ final class ClientCore: Sendable {
         }
         mosquitto_publish_v5_callback_set(raw) { _, context, mid, reason, _ in
             guard let context else { return }
+            // errno is libmosquitto's after the callback returns: its read loop stops at a stale EAGAIN (see
+            // serviceConnection), and what runs here (a contended lock's futex, a drain's write) can leave one.
+            let saved = errno
+            defer { errno = saved }
             Unmanaged<ClientCore>.fromOpaque(context).takeUnretainedValue().onPublish(mid: mid, reason: reason)
         }
         mosquitto_subscribe_v5_callback_set(raw) { _, context, mid, count, granted, _ in
@@ -832,6 +876,8 @@ final class ClientCore: Sendable {
         }
         mosquitto_message_v5_callback_set(raw) { _, context, message, properties in
             guard let context, let message else { return }
+            let saved = errno  // as in the publish callback
+            defer { errno = saved }
             Unmanaged<ClientCore>.fromOpaque(context).takeUnretainedValue()
                 .onMessage(message.pointee, properties: properties)
         }

@@ -178,6 +178,43 @@ import Testing
         #expect(queue.isEmpty)
     }
 
+    @Test func offlineQueueMatchesAPlainArrayUnderEveryOperation() {
+        // The queue keeps a cursor and a count to stay O(1) per operation; a plain array is the model it must match.
+        var queue = OutgoingQueue()
+        var model: [QueuedPublish] = []
+        var generator = SystemRandomNumberGenerator()
+        var serial = 0
+        func item(_ qos: MQTTQoS) -> QueuedPublish {
+            serial += 1
+            return QueuedPublish(
+                message: MQTTOutgoingMessage(topic: "t/\(serial)", payload: [], qos: qos), completion: Completion())
+        }
+        for step in 0..<20_000 {
+            switch Int.random(in: 0..<10, using: &generator) {
+            case 0..<5:
+                // Long runs of QoS 1 (a full window), with some QoS 0 between them.
+                let next = item(Int.random(in: 0..<4, using: &generator) == 0 ? .atMostOnce : .atLeastOnce)
+                queue.append(next)
+                model.append(next)
+            case 5:
+                let expected = model.firstIndex { $0.message.qos == .atMostOnce }.map { model.remove(at: $0) }
+                #expect(queue.removeOldestQoS0()?.message.topic == expected?.message.topic, "step \(step)")
+            case 6, 7, 8:
+                // Often enough that the queue compacts its storage (after 4,096 removals from the front).
+                let expected = model.isEmpty ? nil : model.removeFirst()
+                #expect(queue.removeFirst()?.message.topic == expected?.message.topic, "step \(step)")
+            default:
+                if Int.random(in: 0..<50, using: &generator) == 0 {
+                    let front = [item(.atMostOnce), item(.atLeastOnce)]
+                    queue.prepend(front)
+                    model.insert(contentsOf: front, at: 0)
+                }
+            }
+            #expect(queue.count == model.count)
+        }
+        #expect(queue.removeAll().map(\.message.topic) == model.map(\.message.topic))
+    }
+
     @Test func reasonCodesUseLibmosquittoText() {
         #expect(MQTTReasonCode.badUserNameOrPassword.description == "Bad User Name or Password (0x86)")
         #expect(!MQTTReasonCode.notAuthorized.isSuccess)
