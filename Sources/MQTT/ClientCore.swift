@@ -70,7 +70,7 @@ struct OutgoingQueue {
         guard qos0Count > 0 else { return nil }
         var index = max(head, qos0Cursor)
         while index < slots.count {
-            if slots[index]?.message.qos == .atMostOnce, let item = slots[index] {
+            if let item = slots[index], item.message.qos == .atMostOnce {
                 slots[index] = nil
                 count -= 1
                 qos0Count -= 1
@@ -441,14 +441,12 @@ final class ClientCore: Sendable {
                 let wake = UInt64(clinux_monotonic_ns())
                 if wake &- lastWake < 2_000_000 { clinux_sleep_ns(CUnsignedLongLong(ClientCore.readGatherNanoseconds)) }
                 lastWake = wake
-                // libmosquitto reads packets until one read finds nothing (EAGAIN), but tests errno after every
-                // packet, also after one that read fine: a stale EAGAIN (from the previous call's last read, or left
-                // by a callback) ends the call after one packet, one acknowledgement per wake-up (under load, with
-                // the wait above, about 1,000 per second: the in-flight window fills and publishes queue). Cleared
-                // here and kept by the callbacks, one call reads all that came.
-                // One call reads at most as many packets as QoS 1/2 messages are outstanding, one when none are
-                // (a subscriber's QoS 1 deliveries), so the call is repeated while the socket stays readable: a
-                // stream of incoming messages is read in one wake-up too, not one message per gathering interval.
+                // Read everything that came, not one packet per wake-up (which under load, with the wait above,
+                // caps acknowledgements at about 1,000/s and fills the in-flight window). libmosquitto stops a call
+                // when errno is EAGAIN after any packet, also a stale one (the previous call's last read; the
+                // callbacks keep errno as they found it), and reads at most as many packets as QoS 1/2 messages are
+                // outstanding, one when none are (a subscriber); so errno is cleared and the call repeated while the
+                // socket stays readable.
                 var reads = 0
                 repeat {
                     errno = 0
@@ -493,7 +491,7 @@ final class ClientCore: Sendable {
     static let readsPerWake = 256
 
     /// True when `socket` has something to read now.
-    static func isReadable(_ socket: Int32) -> Bool {
+    private static func isReadable(_ socket: Int32) -> Bool {
         guard socket >= 0 else { return false }
         var fd = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
         return poll(&fd, 1, 0) > 0 && fd.revents & Int16(POLLIN) != 0
@@ -859,8 +857,8 @@ final class ClientCore: Sendable {
         }
         mosquitto_publish_v5_callback_set(raw) { _, context, mid, reason, _ in
             guard let context else { return }
-            // errno is libmosquitto's after the callback returns: its read loop stops at a stale EAGAIN (see
-            // serviceConnection), and what runs here (a contended lock's futex, a drain's write) can leave one.
+            // errno is libmosquitto's again once this returns: what runs here (a contended lock's futex, a
+            // drain's write) can leave an EAGAIN that would end its read loop (see serviceConnection).
             let saved = errno
             defer { errno = saved }
             Unmanaged<ClientCore>.fromOpaque(context).takeUnretainedValue().onPublish(mid: mid, reason: reason)
