@@ -163,7 +163,12 @@ def thread_stacks(pid: int) -> str:
 class BridgeProcess:
     """`blebridge run --config FILE` on the simulator's bus."""
 
+    # Every bridge started by the running test, so that a failure shows their logs (conftest.py).
+    started: list = []
+
     def __init__(self, config_text: str, env: dict, extra_args=()):
+        self.final_log = None
+        BridgeProcess.started.append(self)
         self.dir = tempfile.mkdtemp(prefix="blebridge-run-")
         self.config = pathlib.Path(self.dir) / "config.yaml"
         self.config.write_text(config_text)
@@ -173,6 +178,8 @@ class BridgeProcess:
                                      env=env, stdout=subprocess.DEVNULL, stderr=self.stderr)
 
     def log(self) -> str:
+        if self.final_log is not None:
+            return self.final_log
         self.stderr.flush()
         return self.stderr_path.read_text(errors="replace")
 
@@ -193,6 +200,7 @@ class BridgeProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self.final_log = self.log()
         self.stderr.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
