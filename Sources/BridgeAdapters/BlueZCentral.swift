@@ -273,6 +273,12 @@ public final class BlueZCentral: BLECentral {
         client.close()
     }
 
+    /// True for BlueZ's le-connection-abort-by-local (and its BR/EDR twin), in whatever message carries it.
+    /// (hasPrefix over the indices: StringProtocol.contains(_:) would link the regex engine, 0.8 MB.)
+    static func isLocalAbort(_ message: String) -> Bool {
+        message.indices.contains { message[$0...].hasPrefix("abort-by-local") }
+    }
+
     /// The core's class of a BlueZ error.
     static func classify(_ error: BlueZError) -> BLEError {
         let name = error.dbusFailure?.name
@@ -285,14 +291,14 @@ public final class BlueZCentral: BLECentral {
         case .attributeNotFound: kind = .notSupported
         case .notConnected: kind = .notConnected
         case .connectionFailed(_, let reason, _):
-            kind = reason.contains("abort-by-local") ? .connectionAborted : .connectFailed
+            kind = Self.isLocalAbort(reason) ? .connectionAborted : .connectFailed
         case .inProgress: kind = .connectFailed
         case .notPermitted: kind = .notPermitted
         case .notSupported: kind = .notSupported
         case .timeout: kind = .timeout
         case .disconnected: kind = .disconnected
         case .failed(_, _, let f):
-            kind = f.message.contains("abort-by-local") ? .connectionAborted : .failed
+            kind = Self.isLocalAbort(f.message) ? .connectionAborted : .failed
         case .invalidArgument: kind = .invalidArgument
         case .cancelled: kind = .cancelled
         case .notificationsEnded: kind = .disconnected

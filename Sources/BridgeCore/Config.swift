@@ -464,9 +464,8 @@ extension BridgeConfig {
                     var text = error.description
                     let prefix = "parsers[\(accepted.count)]"
                     if text.hasPrefix(prefix) { text = "parsers[\(index)]" + text.dropFirst(prefix.count) }
-                    let parts = text.split(separator: ": ", maxSplits: 1)
-                    if parts.count == 2 {
-                        root.problems.add(String(parts[0]), String(parts[1]))
+                    if let colon = text.indices.first(where: { text[$0...].hasPrefix(": ") }) {
+                        root.problems.add(String(text[..<colon]), String(text[colon...].dropFirst(2)))
                     } else {
                         root.problems.add("parsers[\(index)]", text)
                     }
@@ -529,7 +528,7 @@ extension BridgeConfig {
         }
         if let b = n["base_topic"]?.string {
             if b.isEmpty || b.contains("+") || b.contains("#") || b.hasPrefix("$") || b.hasPrefix("/")
-                || b.hasSuffix("/") || b.contains("//")
+                || b.hasSuffix("/") || zip(b, b.dropFirst()).contains(where: { $0 == "/" && $1 == "/" })
             {
                 n["base_topic"]?.fail("\"\(b)\" is not a usable base topic (no wildcards, no leading $ or /)")
             } else {

@@ -416,7 +416,9 @@ public final class PeripheralService: Sendable {
             data = [("reason", .string(reason))]
         case .registrationFailed(let reason):
             // Retried with backoff for as long as it fails: said once per distinct reason, then at debug level.
-            let key = reason.firstRange(of: "; retrying").map { String(reason[..<$0.lowerBound]) } ?? reason
+            let key =
+                reason.indices.first(where: { reason[$0...].hasPrefix("; retrying") }).map { String(reason[..<$0]) }
+                ?? reason
             let repeated = state.withLock { s -> Bool in
                 defer { s.lastRegistrationFailure = key }
                 return s.lastRegistrationFailure == key

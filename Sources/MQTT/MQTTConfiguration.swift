@@ -25,9 +25,11 @@ public struct MQTTBrokerURL: Sendable, Hashable, CustomStringConvertible {
             MQTTError(.invalidURL, operation: "parse broker URL \"\(text)\"", detail: why)
         }
         let trimmed = text.trimmingWhitespace()
-        guard let schemeEnd = trimmed.firstRange(of: "://") else {
+        // (hasPrefix over the indices rather than firstRange(of:), which would link the regex engine: 0.8 MB.)
+        guard let schemeStart = trimmed.indices.first(where: { trimmed[$0...].hasPrefix("://") }) else {
             throw fail("expected mqtt://host[:port] or mqtts://host[:port]")
         }
+        let schemeEnd = schemeStart..<trimmed.index(schemeStart, offsetBy: 3)
         let scheme = trimmed[..<schemeEnd.lowerBound].lowercased()
         let tls: Bool
         switch scheme {

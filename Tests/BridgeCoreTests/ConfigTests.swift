@@ -135,6 +135,18 @@ import Testing
         #expect(noSection.contains { $0.reason.contains("missing 'mqtt' section") })
     }
 
+    /// A base topic with an empty level (`a//b`), a wildcard or a leading/trailing slash is refused at its path.
+    @Test func unusableBaseTopicsAreRejected() throws {
+        for bad in ["home//ble", "home/+", "/home", "home/", "#"] {
+            let errors = problems("mqtt: {url: mqtt://127.0.0.1:1883, base_topic: \"\(bad)\"}\n")
+            #expect(errors.map(\.path) == ["mqtt.base_topic"], "\(bad): \(errors)")
+        }
+        for good in ["home/ble", "a/b/c", "b"] {
+            let c = try BridgeConfig.load(text: "mqtt: {url: mqtt://127.0.0.1:1883, base_topic: \"\(good)\"}\n")
+            #expect(c.mqtt.baseTopic == good)
+        }
+    }
+
     @Test func badBrokerURLNamesItsPath() {
         let errors = problems("mqtt: {url: http://127.0.0.1:1883}\n")
         #expect(errors.map(\.path) == ["mqtt.url"])

@@ -186,6 +186,15 @@ def test_binary_size(stripped_binary):
     assert size <= MAX_BINARY_BYTES, f"{size} bytes: over 15 MB (see deploy/README.md, 'The binary')"
 
 
+def test_binary_has_no_regex_engine(release_binary):
+    """String's substring search (contains(_:), firstRange(of:), split on a string) lives in _StringProcessing and
+    pulls in the whole regex engine: 1.3 MB of text that, mapped, is all resident (deploy/README.md, 'The
+    binary'). Nothing in blebridge needs it."""
+    symbols = check(["nm", release_binary]).stdout
+    found = sorted({m for m in re.findall(r"(_RegexParser|17_StringProcessing)", symbols)})
+    assert not found, f"the release binary links {found}: replace the call that needs it (nm -u on the .o files)"
+
+
 def test_binary_links_only_system_libraries(stripped_binary):
     result = check(["ldd", stripped_binary])
     libs = {}
