@@ -295,13 +295,13 @@ extension BlueZSimulator {
             case .connectFailed:
                 fault.errorMessage =
                     try ScenarioReader.string(m["message"], "options.message") ?? "le-connection-abort-by-remote"
-            case .readError, .writeError:
+            case .readError, .writeError, .notifyError:
                 if let error = try ScenarioReader.string(m["error"], "options.error") {
                     fault.errorName = error.contains(".") ? error : "org.bluez.Error." + error
                     fault.errorMessage = try ScenarioReader.string(m["message"], "options.message") ?? error
                 } else {
                     let att = try ScenarioReader.int(m["att"], "options.att", range: 0...255) ?? 0x0e
-                    (fault.errorName, fault.errorMessage) = simATTError(UInt8(att), write: kind == .writeError)
+                    (fault.errorName, fault.errorMessage) = simATTError(UInt8(att), write: kind != .readError)
                 }
             default: break
             }

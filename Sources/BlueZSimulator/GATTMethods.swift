@@ -187,6 +187,10 @@ extension BlueZSimulator {
         guard c.notifySocket == nil else { return call.reply.fail(Self.bluezError("NotPermitted", "Notify acquired")) }
         if case .disconnecting = d.link { return call.reply.fail(Self.bluezError("NotConnected", "Not Connected")) }
         if c.sessions.contains(call.sender) { return call.reply.succeed() }
+        if d.isConnected, let fault = takeFault(d, [.notifyError], uuid: c.uuid) {
+            count("faults_fired")
+            return call.reply.fail(attFailure(fault))
+        }
         c.sessions.insert(call.sender)
         count("notify_sessions")
         if c.sessions.count == 1, d.isConnected {
@@ -234,6 +238,10 @@ extension BlueZSimulator {
             guard c.canNotify else { return call.reply.fail(Self.notSupported) }
             guard c.notifySocket == nil else {
                 return call.reply.fail(Self.bluezError("NotPermitted", "Notify acquired"))
+            }
+            if let fault = takeFault(d, [.notifyError], uuid: c.uuid) {
+                count("faults_fired")
+                return call.reply.fail(attFailure(fault))
             }
             guard c.sessions.isEmpty else { return call.reply.fail(Self.inProgress) }
         } else {

@@ -18,6 +18,8 @@ struct SimFault: Sendable {
         case readError = "read-error"
         /// The next WriteValue fails the same way.
         case writeError = "write-error"
+        /// The next StartNotify or AcquireNotify fails the same way (the CCC write was refused or failed).
+        case notifyError = "notify-error"
         /// On the next connect, ServicesResolved=true arrives before the GATT objects are exported.
         case servicesResolvedEarly = "services-resolved-early"
         /// The link comes up and services resolve as usual, but `Connect` fails

@@ -345,20 +345,52 @@ extension Bridge {
         setSession(r, .subscribing)
         let chosen = subscriptionTargets(r, characteristics)
         var streams: [(BLECharacteristic, BLENotificationStream)] = []
+        // A subscription that fails for a reason that may pass (bluetoothd just restarted, the CCC write failed)
+        // is tried again a few times; if it still fails, the connection is dropped and retried with backoff, so
+        // that a device never stays online with a characteristic it was meant to stream missing. A refusal (not
+        // permitted, not supported) is reported once and the other characteristics stream without it.
+        var unsubscribed: BLEError?
         for c in chosen {
-            do {
-                // Values are handled where they are read: no hop per notification.
-                streams.append((c, try await link.notifications(c, deliver: { self.handleNotification(r, c, $0) })))
-            } catch {
-                if Task.isCancelled {
-                    await uncancelled { await link.disconnect() }
-                    return .success(.stopped)
+            var attempt = 0
+            while true {
+                do {
+                    // Values are handled where they are read: no hop per notification.
+                    let values = try await link.notifications(c, deliver: { self.handleNotification(r, c, $0) })
+                    streams.append((c, values))
+                    break
+                } catch {
+                    if Task.isCancelled {
+                        await uncancelled { await link.disconnect() }
+                        return .success(.stopped)
+                    }
+                    if error.kind == .disconnected || error.kind == .notConnected {
+                        return .success(.linkLost(BLEDisconnection(requested: false, reason: error.message)))
+                    }
+                    attempt += 1
+                    let refused = [.notPermitted, .notSupported, .invalidArgument].contains(error.kind)
+                    if refused || attempt >= Self.subscribeAttempts {
+                        reportError(
+                            "cannot subscribe to \(c.uuid): \(error.message)"
+                                + (refused ? "" : " (\(attempt) attempts; reconnecting)"), device: r.id)
+                        if !refused { unsubscribed = error }
+                        break
+                    }
+                    logger.debug(
+                        "cannot subscribe to \(c.uuid): \(error.message); trying again", ["device": r.id])
+                    do {
+                        try await clock.sleep(for: Self.subscribeRetryDelay * (1 << (attempt - 1)))
+                    } catch {
+                        await uncancelled { await link.disconnect() }
+                        return .success(.stopped)
+                    }
                 }
-                if error.kind == .disconnected || error.kind == .notConnected {
-                    return .success(.linkLost(BLEDisconnection(requested: false, reason: error.message)))
-                }
-                reportError("cannot subscribe to \(c.uuid): \(error.message)", device: r.id)
             }
+            if unsubscribed != nil { break }
+        }
+        if let unsubscribed {
+            // Our own disconnect: the failure below, not the link, decides what happens next.
+            await uncancelled { await link.disconnect() }
+            return .failure(unsubscribed)
         }
         // Initial reads: the poll list, so the state is complete before the first notification.
         let initial = pollTargets(r, characteristics)
@@ -518,6 +550,11 @@ extension Bridge {
             reportError("cannot read \(c.uuid): \(error.message)", device: r.id)
         }
     }
+
+    /// How many times one connection tries a subscription that fails for a reason that may pass, and the delay
+    /// before the first retry (doubled for each next one: 0.5 s, then 1 s).
+    static let subscribeAttempts = 3
+    static let subscribeRetryDelay: Duration = .milliseconds(500)
 
     /// The characteristics to subscribe to: the configured list, or every notifying one that has a parser (or a
     /// presentation format).

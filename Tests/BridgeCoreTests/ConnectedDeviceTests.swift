@@ -145,6 +145,103 @@ struct Strap {
         }
     }
 
+    /// The strap's next `count` subscriptions to 2A37 fail with an ATT error (a CCC write that failed).
+    func withStrapFailingHeartRateSubscriptions(_ count: Int, _ body: (BridgeHarness) async throws -> Void)
+        async throws
+    {
+        let strap = try address(Self.strapAddress)
+        let failure = BLEError(
+            .failed, name: "org.bluez.Error.Failed", message: "Operation failed with ATT error: 0x0e")
+        try await withBridge(
+            docsConfig,
+            setup: { c in
+                try Strap.add(c, strap)
+                c.failSubscriptions(to: strap, Strap.heartRate, with: Array(repeating: failure, count: count))
+            }, body)
+    }
+
+    /// A subscription that fails once (bluetoothd just restarted, the CCC write failed) is tried again 0.5 s later
+    /// on the same connection; the device then streams it.
+    @Test func aSubscriptionThatFailsOnceIsTriedAgain() async throws {
+        let strap = try address(Self.strapAddress)
+        try await withStrapFailingHeartRateSubscriptions(1) { h in
+            h.central.advertise(strap, services: [Strap.heartRateService])
+            try await eventually("the retry's delay, got \(h.clock.pendingDelays)") {
+                h.clock.hasSleeper(in: .milliseconds(500)...(.milliseconds(500)))
+            }
+            let link = try #require(h.central.links(to: strap).first)
+            #expect(!link.subscriptions.contains(Strap.heartRate))
+            h.clock.advance(by: .milliseconds(500))
+            try await h.mqtt.waitForMessage(
+                on: "blebridge/chest_strap/availability", where: { $0.text == #"{"state":"online"}"# })
+            #expect(Set(link.subscriptions) == [Strap.heartRate, Strap.battery])
+            link.notify(Strap.heartRate, [0x00, 0x48])
+            let state = try await h.mqtt.waitForJSON(on: "blebridge/chest_strap") { $0["heart_rate_bpm"] != nil }
+            #expect(state["heart_rate_bpm"] == .int(72))
+            #expect(h.central.attempts.count == 1)
+            #expect(link.state.withLock { $0.disconnectCalls } == 0)
+        }
+    }
+
+    /// A subscription that still fails after three tries (0, 0.5 and 1.5 s) ends the connection instead of leaving
+    /// the device online without it: the bridge disconnects, backs off and connects again.
+    @Test func aSubscriptionThatKeepsFailingEndsTheConnectionAndIsRetried() async throws {
+        let strap = try address(Self.strapAddress)
+        try await withStrapFailingHeartRateSubscriptions(3) { h in
+            let start = h.clock.now
+            h.central.advertise(strap, services: [Strap.heartRateService])
+            try await eventually("the first connection") { !h.central.links(to: strap).isEmpty }
+            let first = try #require(h.central.links(to: strap).first)
+            // Time moves on in small steps (other timers sleep too) until the bridge gives up on the connection.
+            try await eventually("our own disconnect after three tries") {
+                if first.state.withLock({ $0.disconnectCalls }) == 1 { return true }
+                h.clock.advance(by: .milliseconds(100))
+                return false
+            }
+            #expect(h.clock.now - start >= .milliseconds(1500), "the tries were 0.5 s and 1 s apart")
+            #expect(h.logs.entries.filter { $0.message.hasSuffix("0x0e; trying again") }.count == 2)
+            #expect(
+                h.logs.entries.contains {
+                    $0.message.contains("cannot subscribe to 2A37") && $0.message.contains("3 attempts; reconnecting")
+                })
+            // Never online on the connection that could not subscribe.
+            #expect(
+                h.mqtt.messages(on: "blebridge/chest_strap/availability").allSatisfy { !$0.text.contains("online") })
+            // Backoff (ReconnectPolicy: 1 s ± 20 % after a first failure), then a second connection that subscribes.
+            try await eventually("the reconnect") {
+                if h.central.links(to: strap).count == 2 { return true }
+                h.clock.advance(by: .milliseconds(100))
+                return false
+            }
+            try await h.mqtt.waitForMessage(
+                on: "blebridge/chest_strap/availability", where: { $0.text == #"{"state":"online"}"# })
+            let second = try #require(h.central.links(to: strap).last)
+            #expect(Set(second.subscriptions) == [Strap.heartRate, Strap.battery])
+        }
+    }
+
+    /// A refusal (not permitted) is not retried: reported once, and the other characteristics stream.
+    @Test func aRefusedSubscriptionIsReportedAndTheOthersStream() async throws {
+        let strap = try address(Self.strapAddress)
+        try await withBridge(
+            docsConfig,
+            setup: { c in
+                try Strap.add(c, strap)
+                c.failSubscriptions(
+                    to: strap, Strap.battery,
+                    with: [BLEError(.notPermitted, name: "org.bluez.Error.NotPermitted", message: "Not paired")])
+            }
+        ) { h in
+            let link = try await connect(h, strap)
+            #expect(link.subscriptions == [Strap.heartRate])
+            #expect(h.logs.entries.contains { $0.message.contains("cannot subscribe to 2A19: Not paired") })
+            #expect(h.central.attempts.count == 1)
+            link.notify(Strap.heartRate, [0x00, 0x48])
+            let state = try await h.mqtt.waitForJSON(on: "blebridge/chest_strap") { $0["heart_rate_bpm"] != nil }
+            #expect(state["heart_rate_bpm"] == .int(72))
+        }
+    }
+
     @Test func abortedConnectIsRetriedSoon() async throws {
         let strap = try address(Self.strapAddress)
         try await withBridge(

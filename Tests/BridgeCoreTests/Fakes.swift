@@ -154,11 +154,17 @@ final class FakeLink: BLELink {
     let adapter: String
     let characteristics: [BLECharacteristic]
     let state: Mutex<State>
+    /// The next scripted failure of a subscription to this characteristic, if any (`FakeCentral.failSubscriptions`).
+    let takeSubscribeError: @Sendable (BluetoothUUID) -> BLEError?
 
-    init(address: BLEAddress, adapter: String, characteristics: [BLECharacteristic], values: [BluetoothUUID: [UInt8]]) {
+    init(
+        address: BLEAddress, adapter: String, characteristics: [BLECharacteristic], values: [BluetoothUUID: [UInt8]],
+        takeSubscribeError: @escaping @Sendable (BluetoothUUID) -> BLEError? = { _ in nil }
+    ) {
         self.address = address
         self.adapter = adapter
         self.characteristics = characteristics
+        self.takeSubscribeError = takeSubscribeError
         state = Mutex(State(values: values))
     }
 
@@ -192,6 +198,7 @@ final class FakeLink: BLELink {
     }
 
     func notifications(_ characteristic: BLECharacteristic) async throws(BLEError) -> BLENotificationStream {
+        if state.withLock({ $0.ended == nil }), let error = takeSubscribeError(characteristic.uuid) { throw error }
         let (stream, continuation) = BLENotificationStream.makeStream()
         let ok = state.withLock { s -> Bool in
             guard s.ended == nil else { return false }
@@ -297,6 +304,7 @@ final class FakeCentral: BLECentral {
         var adapters: [BLEAdapterInfo]
         var devices: [BLEAddress: Device] = [:]
         var scriptedErrors: [BLEAddress: [BLEError]] = [:]
+        var subscribeErrors: [BLEAddress: [BluetoothUUID: [BLEError]]] = [:]
         var attempts: [Attempt] = []
         var connectedAtStart: [BLEAdvertisement] = []
         var disconnected: [BLEAddress] = []
@@ -350,7 +358,15 @@ final class FakeCentral: BLECentral {
                     BLEError(.notFound, name: "org.bluez.Error.DoesNotExist", message: "\(address) not found"))
             }
             let link = FakeLink(
-                address: address, adapter: adapter, characteristics: device.characteristics, values: device.values)
+                address: address, adapter: adapter, characteristics: device.characteristics, values: device.values,
+                takeSubscribeError: { [weak self] uuid in
+                    self?.state.withLock { s in
+                        guard var errors = s.subscribeErrors[address]?[uuid], !errors.isEmpty else { return nil }
+                        let e = errors.removeFirst()
+                        s.subscribeErrors[address]?[uuid] = errors
+                        return e
+                    }
+                })
             s.links.append(link)
             return .success(link)
         }
@@ -397,6 +413,11 @@ final class FakeCentral: BLECentral {
     /// The next connects to `address` fail with these errors, in order.
     func failConnects(to address: BLEAddress, with errors: [BLEError]) {
         state.withLock { $0.scriptedErrors[address, default: []] += errors }
+    }
+
+    /// The next subscriptions to `uuid` on `address` (over every connection) fail with these errors, in order.
+    func failSubscriptions(to address: BLEAddress, _ uuid: BluetoothUUID, with errors: [BLEError]) {
+        state.withLock { $0.subscribeErrors[address, default: [:]][uuid, default: []] += errors }
     }
 
     /// Delivers a central event to the bridge.

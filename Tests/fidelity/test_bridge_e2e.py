@@ -150,6 +150,29 @@ def test_link_drop_without_a_disconnected_signal_comes_back(broker):
         sim.stop()
 
 
+def test_a_failing_subscription_is_retried_then_reconnected(broker):
+    """bluez-sim's notify-error fault: the heart-rate strap's next six notify calls on 2A37 fail (each of the
+    bridge's tries is an AcquireNotify and the StartNotify it falls back to). Three tries on the first connection
+    fail, so the bridge drops that connection instead of calling the strap online without its heart rate, backs
+    off, connects again and streams."""
+    sim = start_simulator()
+    j = Judge(broker.port)
+    bridge = None
+    try:
+        sim.control("InjectFault", f"string:{HR_STRAP}", "string:notify-error", "string:{count: 6, uuid: '2A37'}")
+        bridge = BridgeProcess(demo_config(broker.port), sim.env)
+        j.wait_json("blebridge/chest_strap/availability", online("online"), timeout=40)
+        j.wait_json("blebridge/chest_strap", lambda v: "heart_rate_bpm" in v)
+        log = bridge.log()
+        assert "cannot subscribe to 2A37" in log and "3 attempts; reconnecting" in log, log[-3000:]
+        assert sim.counters()["faults_fired"] == 6
+    finally:
+        if bridge:
+            bridge.close()
+        j.close()
+        sim.stop()
+
+
 def test_injected_connect_abort_is_retried(broker):
     sim = start_simulator()
     j = Judge(broker.port)
