@@ -268,7 +268,8 @@ public final class BlueZCentral: BLECentral {
     /// Stops scanning and closes the client.
     public func close() async {
         await stopScanning()
-        state.withLock { $0.eventsTask?.cancel() }
+        // Cancelled outside the lock: cancelling runs the task's cancellation handlers on this thread.
+        state.withLock { $0.eventsTask }?.cancel()
         continuation.finish()
         client.close()
     }

@@ -157,8 +157,23 @@ final class Broadcast<Element: Sendable>: Sendable {
     }
 
     private let state = Mutex(State())
+    /// Streams whose reader has gone, to be removed by the next `yield`, `makeStream` or `finish`. A stream's
+    /// termination handler must not take `state`: it runs while the Swift runtime holds the reading task's status
+    /// lock (the task is being cancelled), and `yield` holds `state` while it resumes that same task, which needs
+    /// the status lock: the two threads would wait for each other for ever. This lock is never held while anything
+    /// is resumed.
+    private let gone = Mutex<[UInt64]>([])
 
     init() {}
+
+    /// Removes the streams whose reader has gone (called with `state` held).
+    private func removeGone(_ state: inout State) {
+        let ids = gone.withLock { ids in
+            defer { ids.removeAll() }
+            return ids
+        }
+        for id in ids { state.subscribers.removeValue(forKey: id) }
+    }
 
     /// A new stream; `initial` (if any) is its first element. With a `budget`, an element is buffered only when
     /// its size (as passed to `yield`) fits, and the reader must give the size back when it takes the element.
@@ -170,6 +185,7 @@ final class Broadcast<Element: Sendable>: Sendable {
         var initial = initial
         let registered: UInt64? = state.withLock { state in
             guard !state.finished else { return nil }
+            removeGone(&state)
             let id = state.nextID
             state.nextID += 1
             state.subscribers[id] = Subscriber(continuation: continuation, budget: budget)
@@ -181,7 +197,7 @@ final class Broadcast<Element: Sendable>: Sendable {
         }
         if let registered {
             continuation.onTermination = { [weak self] _ in
-                _ = self?.state.withLock { $0.subscribers.removeValue(forKey: registered) }
+                self?.gone.withLock { $0.append(registered) }
             }
         } else {
             if let initial { continuation.yield(initial) }
@@ -196,8 +212,10 @@ final class Broadcast<Element: Sendable>: Sendable {
     @discardableResult
     func yield(_ element: Element, bytes: Int = 0) -> Int {
         state.withLock { state in
+            removeGone(&state)
             var dropped = 0
-            for subscriber in state.subscribers.values {
+            var ended: [UInt64] = []
+            for (id, subscriber) in state.subscribers {
                 if let budget = subscriber.budget, !budget.take(bytes) {
                     dropped += 1
                     continue
@@ -210,18 +228,24 @@ final class Broadcast<Element: Sendable>: Sendable {
                     subscriber.budget?.giveBack(bytes)
                 case .terminated:
                     subscriber.budget?.giveBack(bytes)
+                    ended.append(id)
                 @unknown default:
                     break
                 }
             }
+            for id in ended { state.subscribers.removeValue(forKey: id) }
             return dropped
         }
     }
+
+    /// How many streams are registered (for tests).
+    var subscriberCount: Int { state.withLock { $0.subscribers.count } }
 
     /// Ends every stream; later streams end at once.
     func finish() {
         let continuations = state.withLock { state in
             state.finished = true
+            removeGone(&state)
             defer { state.subscribers.removeAll() }
             return state.subscribers.values.map(\.continuation)
         }

@@ -3,6 +3,7 @@ private bus, `blebridge run` with a config, and a paho-mqtt client as the indepe
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import socket
@@ -153,11 +154,29 @@ def thread_stacks(pid: int) -> str:
         return "(gdb not installed: no stacks)"
     try:
         out = subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "set pagination off",
-                              "-ex", "thread apply all bt 25"], capture_output=True, text=True, timeout=60).stdout
+                              "-ex", "thread apply all bt 60"], capture_output=True, text=True, timeout=60).stdout
     except subprocess.TimeoutExpired:
         return "(gdb timed out)"
-    lines = [l for l in out.splitlines() if l.startswith(("Thread ", "#"))]
-    return "\n".join(lines)[-12000:]
+    return compact_stacks(out)
+
+
+def compact_stacks(gdb_output: str) -> str:
+    """gdb's backtraces cut to what tells a hang apart (thread names, then each frame's function and source line,
+    without addresses and arguments; frames of unknown code dropped), so that every thread fits in a CI log."""
+    lines = []
+    for line in gdb_output.splitlines():
+        if line.startswith("Thread "):
+            name = line[line.find('"'):].rstrip(":")[:-1] if '"' in line else ""
+            lines.append(line.split(" (Thread 0x")[0] + (" " + name if name else ""))
+        elif line.startswith("#"):
+            number, _, rest = line.partition(" ")
+            rest = re.sub(r"^0x[0-9a-f]+ in ", "", rest.strip())
+            if rest.startswith("?? "):
+                continue
+            function = rest.split(" (", 1)[0]
+            where = re.search(r" at (\S+:\d+)$", rest) or re.search(r" from (\S+)$", rest)
+            lines.append(f"  {number} {function}" + (f" ({where.group(1).rsplit('/', 1)[-1]})" if where else ""))
+    return "\n".join(lines)[-30000:]
 
 
 class BridgeProcess:
