@@ -21,10 +21,14 @@ import Testing
         )
         for _ in 0..<4 { try doomed.send(big) }
         let closed = Atomic<Bool>(false)
+        let started = Atomic<Bool>(false)
         let closing = Task.detached {
+            started.store(true, ordering: .sequentiallyConsistent)
             await doomed.closeAndWait()
             closed.store(true, ordering: .sequentiallyConsistent)
         }
+        // Counted from the moment the close starts (a loaded machine may start the task late).
+        while !started.load(ordering: .sequentiallyConsistent) { await Task.yield() }
         var callsWhileClosing = 0
         while !closed.load(ordering: .sequentiallyConsistent) {
             // A stalled loop holds a call for the whole close (about a second). No bound on one call's time: a
@@ -35,8 +39,10 @@ import Testing
             if !closed.load(ordering: .sequentiallyConsistent) { callsWhileClosing += 1 }
         }
         await closing.value
-        // A stalled loop lets at most one call overlap the close (it returns when the close ends).
-        #expect(callsWhileClosing >= 3, "only \(callsWhileClosing) calls overlapped the close")
+        // A stalled loop lets at most one call complete once the close has started (the next one returns only
+        // when the close ends, and is not counted); a healthy loop answers several. On a loaded machine (the CI
+        // runs the suites in parallel) two is what a healthy loop reliably manages.
+        #expect(callsWhileClosing >= 2, "only \(callsWhileClosing) calls overlapped the close")
         #expect(!doomed.isConnected)
         await live.closeAndWait()
     }
