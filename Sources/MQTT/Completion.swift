@@ -157,7 +157,7 @@ final class Broadcast<Element: Sendable>: Sendable {
     }
 
     private let state = Mutex(State())
-    /// Streams whose reader has gone, to be removed by the next `yield`, `makeStream` or `finish`. A stream's
+    /// Streams whose reader has gone, to be removed by the next `yield` or `makeStream`. A stream's
     /// termination handler must not take `state`: it runs while the Swift runtime holds the reading task's status
     /// lock (the task is being cancelled), and `yield` holds `state` while it resumes that same task, which needs
     /// the status lock: the two threads would wait for each other for ever. This lock is never held while anything
@@ -214,8 +214,7 @@ final class Broadcast<Element: Sendable>: Sendable {
         state.withLock { state in
             removeGone(&state)
             var dropped = 0
-            var ended: [UInt64] = []
-            for (id, subscriber) in state.subscribers {
+            for subscriber in state.subscribers.values {
                 if let budget = subscriber.budget, !budget.take(bytes) {
                     dropped += 1
                     continue
@@ -228,12 +227,10 @@ final class Broadcast<Element: Sendable>: Sendable {
                     subscriber.budget?.giveBack(bytes)
                 case .terminated:
                     subscriber.budget?.giveBack(bytes)
-                    ended.append(id)
                 @unknown default:
                     break
                 }
             }
-            for id in ended { state.subscribers.removeValue(forKey: id) }
             return dropped
         }
     }
@@ -245,7 +242,6 @@ final class Broadcast<Element: Sendable>: Sendable {
     func finish() {
         let continuations = state.withLock { state in
             state.finished = true
-            removeGone(&state)
             defer { state.subscribers.removeAll() }
             return state.subscribers.values.map(\.continuation)
         }
