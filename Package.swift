@@ -2,7 +2,7 @@
 // blebridge: a BLE-to-MQTT bridge for Linux (BlueZ over D-Bus, MQTT over libmosquitto).
 //
 // Layering (dependencies only point downwards):
-//   C module maps (CDBus, CMosquitto, CYAML, CCrypto, CMicroHTTPD)
+//   C module maps (CDBus, CMosquitto, CYAML, CCrypto, CMicroHTTPD) and one C source target (CMosquittoIO)
 //   -> DBus (Swift over libdbus) -> BlueZ (typed org.bluez client)
 //   -> MQTT (Swift over libmosquitto)
 //   -> GATT (pure Swift parsers, no C, no I/O); GATTCrypto (AES-CCM from libcrypto, injected into GATT)
@@ -35,13 +35,15 @@ let package = Package(
         // Headers only (libmicrohttpd-dev): the library is loaded with dlopen when a metrics endpoint starts, so it
         // takes no pkgConfig, whose --libs would link it (and gnutls behind it) into every process.
         .systemLibrary(name: "CMicroHTTPD"),
+        // C source: libmosquitto's plain-TCP socket reads served from a buffer (read(2) and close(2) for the process).
+        .target(name: "CMosquittoIO"),
 
         // Swift layers.
         .target(name: "Logging"),
         .target(name: "Signals"),
         .target(name: "DBus", dependencies: ["CDBus"]),
         .target(name: "BlueZ", dependencies: ["DBus", "Logging", "CLinux"]),
-        .target(name: "MQTT", dependencies: ["CMosquitto", "CLinux", "Logging"]),
+        .target(name: "MQTT", dependencies: ["CMosquitto", "CMosquittoIO", "CLinux", "Logging"]),
         .target(name: "GATT"),
         .target(name: "GATTCrypto", dependencies: ["GATT", "CCrypto"]),
         .target(name: "YAML", dependencies: ["CYAML"]),

@@ -1,0 +1,200 @@
+// The broker socket's read buffer (CMosquittoIO): libmosquitto's reads of an attached socket are served from what
+// one recv(2) took, byte for byte as the kernel would have served them, and nothing else changes for any other
+// descriptor. The first tests drive read(2) and close(2) directly on socket pairs (the process's own read(2) is the
+// buffered one, as libmosquitto's is); the last ones run the client against a scripted broker and a real mosquitto.
+import Foundation
+import Synchronization
+import TestSupport
+import Testing
+
+@testable import MQTT
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// A connected pair of non-blocking stream sockets, closed at the end of the test.
+private final class SocketPair {
+    let reader: Int32
+    let writer: Int32
+    private var closed = false
+
+    init() throws {
+        var fds: [Int32] = [-1, -1]
+        guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0 else {
+            throw HarnessError("socketpair failed: errno \(errno)")
+        }
+        reader = fds[0]
+        writer = fds[1]
+        _ = fcntl(reader, F_SETFL, fcntl(reader, F_GETFL) | O_NONBLOCK)
+    }
+
+    func send(_ bytes: [UInt8]) { _ = bytes.withUnsafeBytes { write(writer, $0.baseAddress, $0.count) } }
+
+    /// read(2) of at most `count` bytes: the bytes, or the result and errno when it returned none.
+    func read(_ count: Int) -> (bytes: [UInt8], result: Int, error: Int32) {
+        var bytes = [UInt8](repeating: 0, count: count)
+        errno = 0
+        let n = bytes.withUnsafeMutableBytes { Glibc.read(reader, $0.baseAddress, count) }
+        return (n > 0 ? Array(bytes[0..<n]) : [], n, errno)
+    }
+
+    func closeBoth() {
+        guard !closed else { return }
+        closed = true
+        close(reader)
+        close(writer)
+    }
+
+    deinit { closeBoth() }
+}
+
+@Suite struct ReadBufferTests {
+    @Test func readsOfAnAttachedSocketAreServedFromOneReceive() throws {
+        let pair = try SocketPair()
+        let buffer = MosquittoReadBuffer()
+        buffer.attach(pair.reader)
+        defer { buffer.detach() }
+        // Two PUBACKs and the start of a third, as one segment: libmosquitto reads 1, 1, 2 bytes per packet.
+        pair.send([0x40, 0x02, 0x00, 0x01, 0x40, 0x02, 0x00, 0x02, 0x40])
+        #expect(pair.read(1).bytes == [0x40])
+        #expect(pair.read(1).bytes == [0x02])
+        #expect(pair.read(2).bytes == [0x00, 0x01])
+        #expect(pair.read(1).bytes == [0x40])
+        #expect(pair.read(1).bytes == [0x02])
+        #expect(pair.read(8).bytes == [0x00, 0x02, 0x40], "a short read: what is buffered, no more")
+        #expect(buffer.counts.fills == 1)
+        #expect(!buffer.hasBufferedBytes)
+        let empty = pair.read(1)
+        #expect(empty.result == -1 && empty.error == EAGAIN, "nothing there: EAGAIN, as from the socket")
+        pair.send([0x02, 0x00, 0x03])
+        #expect(pair.read(1).bytes == [0x02])
+        #expect(buffer.hasBufferedBytes)
+        #expect(pair.read(2).bytes == [0x00, 0x03])
+        #expect(buffer.counts.fills == 2)
+        #expect(buffer.counts.reads == 9)
+        shutdown(pair.writer, Int32(SHUT_WR))
+        #expect(pair.read(1).result == 0, "end of stream reads as 0")
+    }
+
+    @Test func aReadAsLargeAsTheBufferGoesStraightToTheSocket() throws {
+        let pair = try SocketPair()
+        let buffer = MosquittoReadBuffer()
+        buffer.attach(pair.reader)
+        defer { buffer.detach() }
+        let body = (0..<20_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        var sndbuf: Int32 = 1 << 20
+        setsockopt(pair.writer, SOL_SOCKET, SO_SNDBUF, &sndbuf, socklen_t(MemoryLayout<Int32>.size))
+        pair.send(body)
+        var received: [UInt8] = []
+        while received.count < body.count {
+            let got = pair.read(body.count - received.count)
+            guard got.result > 0 else { break }
+            received += got.bytes
+        }
+        #expect(received == body)
+        #expect(buffer.counts.fills == 0, "never copied through the buffer")
+    }
+
+    @Test func closeDetachesAndALateDetachLeavesTheNextOwnerAlone() throws {
+        let pair = try SocketPair()
+        let buffer = MosquittoReadBuffer()
+        buffer.attach(pair.reader)
+        let number = pair.reader
+        #expect(MosquittoReadBuffer.isAttached(number))
+        pair.send([1, 2, 3])
+        #expect(pair.read(1).bytes == [1])
+        pair.closeBoth()  // as libmosquitto closes a lost connection, with two bytes still buffered
+        #expect(!MosquittoReadBuffer.isAttached(number), "close(2) detached it: a reused number reads its own socket")
+        // The number may serve another client's connection by the time the first one detaches.
+        let other = MosquittoReadBuffer()
+        other.attach(number)
+        buffer.detach()
+        #expect(MosquittoReadBuffer.isAttached(number), "the late detach left the other buffer attached")
+        other.detach()
+        #expect(!MosquittoReadBuffer.isAttached(number))
+    }
+
+    @Test func otherDescriptorsAreReadAsBefore() throws {
+        let pair = try SocketPair()
+        pair.send([5, 6, 7])
+        #expect(pair.read(1).bytes == [5])
+        #expect(pair.read(10).bytes == [6, 7])
+        let empty = pair.read(1)
+        #expect(empty.result == -1 && empty.error == EAGAIN)
+    }
+
+    /// A broker that answers a burst of QoS 1 publishes with all their PUBACKs in one write, after a CONNACK sent a
+    /// byte at a time: every publish is acknowledged by its own PUBACK, and the burst's acknowledgements are read
+    /// with one recv(2), not three read(2) calls each.
+    @Test(arguments: [MQTTProtocolVersion.v311, .v5])
+    func acknowledgementsOfABurstAreReadTogether(version: MQTTProtocolVersion) async throws {
+        let count = 40
+        let isV5 = version == .v5
+        let broker = try ScriptedBroker { peer in
+            guard peer.readPacket()?.type == 1 else { return }
+            for byte in WirePacket.connack(isV5: isV5) {
+                guard peer.send([byte]) else { return }
+                usleep(2_000)
+            }
+            var ids: [UInt16] = []
+            while ids.count < count, let packets = peer.readPackets() {
+                ids += packets.compactMap { $0.publish(isV5: isV5)?.packetID }
+            }
+            guard peer.send(ids.flatMap(WirePacket.puback)) else { return }
+            while peer.readPacket() != nil {}
+        }
+        var config = MQTTConfiguration(
+            broker: MQTTBrokerURL(host: "127.0.0.1", port: broker.port), protocolVersion: version)
+        config.maxInflightMessages = count
+        let client = try await connectedClient(config)
+        let fillsAfterConnect = client.core.readBuffer.counts.fills
+        #expect(fillsAfterConnect >= 2, "the CONNACK came in pieces, each read when it came")
+        var deliveries: [MQTTDelivery] = []
+        for index in 0..<count {
+            deliveries.append(
+                try client.send(
+                    MQTTOutgoingMessage(topic: "burst/\(index)", payload: [UInt8(index)], qos: .atLeastOnce)))
+        }
+        for delivery in deliveries { try await within(10, "acknowledged") { try await delivery.acknowledged() } }
+        #expect(client.statistics.acknowledged == count)
+        let counts = client.core.readBuffer.counts
+        #expect(counts.fills - fillsAfterConnect <= 2, "one segment of \(count) PUBACKs, read at once")
+        #expect(counts.reads >= UInt64(3 * count), "libmosquitto still read each packet its own way")
+        await client.disconnect()
+    }
+
+    /// Against a real mosquitto, a stream of QoS 1 publishes in rounds (as the bridge publishes notifications):
+    /// every message arrives and is acknowledged, and the acknowledgements take far fewer recv(2) calls than
+    /// libmosquitto made reads.
+    @Test func aRealBrokersAcknowledgementsAreReadInBatches() async throws {
+        let broker = try await MosquittoBroker.start()
+        let subscriber = try await connectedClient(configuration(broker))
+        let publisher = try await connectedClient(configuration(broker))
+        let messages = subscriber.messages(matching: "batch/#")
+        _ = try await subscriber.subscribe(to: "batch/#", qos: .atLeastOnce)
+        let before = publisher.core.readBuffer.counts
+        var deliveries: [MQTTDelivery] = []
+        for round in 0..<50 {
+            publisher.holdWrites()
+            for index in 0..<20 {
+                let n = round * 20 + index
+                deliveries.append(
+                    try publisher.send(
+                        MQTTOutgoingMessage(topic: "batch/\(n % 7)", payload: Array("\(n)".utf8), qos: .atLeastOnce)))
+            }
+            publisher.releaseWrites()
+            usleep(1_000)
+        }
+        let received = try await messages.first(1000, timeout: 30)
+        #expect(Set(received.map { String(decoding: $0.payload, as: UTF8.self) }).count == 1000)
+        for delivery in deliveries { try await within(10, "acknowledged") { try await delivery.acknowledged() } }
+        let after = publisher.core.readBuffer.counts
+        let fills = after.fills - before.fills
+        let reads = after.reads - before.reads
+        #expect(reads >= 3000, "three reads per PUBACK by libmosquitto")
+        #expect(fills * 4 < reads, "fewer than one recv(2) per PUBACK: \(fills) receives for \(reads) reads")
+        await publisher.disconnect()
+        await subscriber.disconnect()
+    }
+}
