@@ -176,7 +176,12 @@ final class ClientCore: Sendable {
     /// taking it again: libmosquitto in threaded mode never calls back from inside these calls.
     private let handoff = Mutex(())
     private let wakeup = DispatchSemaphore(value: 0)
-    private let window: Int
+    /// QoS 1/2 publishes in flight at most: the configured window, or the broker's Receive Maximum when that is
+    /// smaller (libmosquitto would otherwise hold the rest back itself, and send them from the loop thread).
+    var window: Int { min(configuredWindow, brokerReceiveMaximum.load(ordering: .relaxed)) }
+    private let configuredWindow: Int
+    /// The Receive Maximum of the broker's CONNACK (MQTT 5); 65,535 when it names none.
+    private let brokerReceiveMaximum = Atomic<Int>(65_535)
     private let isV5: Bool
     /// Plain TCP: the loop thread polls only the broker socket (not libmosquitto's own wake-up pair, and with no
     /// descriptor of ours besides), and a thread that hands libmosquitto a packet writes it out itself
@@ -191,16 +196,18 @@ final class ClientCore: Sendable {
     /// libmosquitto's result when a write from a caller's thread found the connection broken (it closed the socket
     /// and reported the disconnection); the loop thread takes it as the reason.
     private let callerWriteFailure = Atomic<Int32>(0)
-    /// Plain TCP: the broker socket's reads, served from one recv(2) per wake-up (see `MosquittoReadBuffer`).
-    let readBuffer = MosquittoReadBuffer()
+    /// Plain TCP: the broker socket's reads, served from one recv(2) per wake-up, and its writes, held together
+    /// between `cork(true)` and `cork(false)` (see `MosquittoSocketBuffers`).
+    let buffers: MosquittoSocketBuffers
 
     init(configuration: MQTTConfiguration) throws(MQTTError) {
         try configuration.validate()
         self.configuration = configuration
         handle = try MosquittoHandle(clientID: configuration.clientID, cleanSession: configuration.cleanSession)
-        window = configuration.maxInflightMessages
+        configuredWindow = configuration.maxInflightMessages
         isV5 = configuration.protocolVersion == .v5
         writesFromCaller = !configuration.broker.usesTLS
+        buffers = MosquittoSocketBuffers(enabled: writesFromCaller)
         mosquitto_user_data_set(handle.raw, Unmanaged.passUnretained(self).toOpaque())
         installCallbacks()
     }
@@ -420,8 +427,8 @@ final class ClientCore: Sendable {
     /// libmosquitto's timers. Returns libmosquitto's reason for the end.
     private func serviceConnection(_ raw: OpaquePointer) -> Int32 {
         callerWriteFailure.store(0, ordering: .relaxed)
-        readBuffer.attach(mosquitto_socket(raw))
-        defer { readBuffer.detach() }
+        buffers.attach(mosquitto_socket(raw))
+        defer { buffers.detach() }
         var lastWake: UInt64 = 0
         while !stopping {
             let socket = mosquitto_socket(raw)
@@ -429,10 +436,10 @@ final class ClientCore: Sendable {
                 let failure = callerWriteFailure.exchange(0, ordering: .relaxed)
                 return failure != 0 ? failure : MOSQ_ERR_NO_CONN.rawValue
             }
-            let wantsWrite = mosquitto_want_write(raw)
+            let wantsWrite = mosquitto_want_write(raw) || buffers.hasPendingWrites
             var fd = pollfd(fd: socket, events: Int16(POLLIN) | (wantsWrite ? Int16(POLLOUT) : 0), revents: 0)
             // Bytes already in the read buffer are as good as a readable socket: no waiting for more.
-            let buffered = readBuffer.hasBufferedBytes
+            let buffered = buffers.hasBufferedBytes
             let n = poll(&fd, 1, buffered ? 0 : ClientCore.ownLoopPoll)
             if n < 0 {
                 if errno == EINTR { continue }
@@ -444,10 +451,14 @@ final class ClientCore: Sendable {
                 // one PUBACK per QoS 1 publish. Waiting out a gathering interval before reading lets one wake-up (and
                 // one recv(2), with the read buffer) take every acknowledgement of that interval; at low rates (and
                 // for the first packet after a quiet spell) nothing waits. It adds at most that interval to an
-                // incoming command's way under load; the in-flight window (100 by default, 20 ms at 5,000/s) covers
-                // the acknowledgements held back, so outgoing messages never wait for it.
+                // incoming command's way under load; the in-flight window covers the acknowledgements held back,
+                // so outgoing messages do not wait for it.
                 let wake = UInt64(clinux_monotonic_ns())
-                if wake &- lastWake < 2 * ClientCore.readGatherNanoseconds {
+                // With half the window in flight, acknowledgements are read at once: held back, they would hold
+                // back publishes (a broker's Receive Maximum can be as small as mosquitto's default of 20).
+                if wake &- lastWake < 2 * ClientCore.readGatherNanoseconds
+                    && state.withLock({ $0.inflight }) * 2 < window
+                {
                     clinux_sleep_ns(CUnsignedLongLong(ClientCore.readGatherNanoseconds))
                 }
                 lastWake = wake
@@ -464,8 +475,10 @@ final class ClientCore: Sendable {
                     if rc != Mosquitto.success { return rc }
                     reads += 1
                 } while reads < ClientCore.readsPerWake
-                    && (readBuffer.hasBufferedBytes || Self.isReadable(mosquitto_socket(raw)))
+                    && (buffers.hasBufferedBytes || Self.isReadable(mosquitto_socket(raw)))
             }
+            // What a released hold could not send (the socket was full) goes before anything libmosquitto writes.
+            if fd.revents & Int16(POLLOUT) != 0 { _ = buffers.flush() }
             if mosquitto_socket(raw) >= 0 && mosquitto_want_write(raw) {
                 let rc = mosquitto_loop_write(raw, 1)
                 if rc != Mosquitto.success { return rc }
@@ -478,14 +491,12 @@ final class ClientCore: Sendable {
         return Mosquitto.success
     }
 
-    /// Corks (`true`) or uncorks the broker socket (TCP_CORK, tcp(7)): while corked, what is written waits in the
-    /// socket (at most 200 ms, the kernel's bound) and leaves in full segments when uncorked. Plain TCP only.
+    /// Holds (`true`) or sends (`false`) what is written to the broker socket: while held, the packets written are
+    /// kept in the socket's write buffer (up to 16 KiB) and leave together in one write(2) when released, in order
+    /// with everything else written to the socket. Plain TCP only.
     func cork(_ on: Bool) {
         guard writesFromCaller else { return }
-        let socket = mosquitto_socket(handle.raw)
-        guard socket >= 0 else { return }
-        var value: Int32 = on ? 1 : 0
-        _ = setsockopt(socket, Int32(IPPROTO_TCP), TCP_CORK, &value, socklen_t(MemoryLayout<Int32>.size))
+        if on { buffers.hold() } else { buffers.release() }
     }
 
     /// How long the plain-TCP loop waits in poll (ms): what nothing else wakes it for (a stop, a write from
@@ -929,6 +940,12 @@ final class ClientCore: Sendable {
                 properties, Int32(MQTT_PROP_MAXIMUM_PACKET_SIZE.rawValue), &maximum, false)
         }
         maximumPacketSize.store(maximum, ordering: .relaxed)
+        var receiveMaximum: UInt16 = 0
+        if properties != nil {
+            _ = mosquitto_property_read_int16(
+                properties, Int32(MQTT_PROP_RECEIVE_MAXIMUM.rawValue), &receiveMaximum, false)
+        }
+        brokerReceiveMaximum.store(receiveMaximum > 0 ? Int(receiveMaximum) : 65_535, ordering: .relaxed)
         setLogging(false)
         let (resubscribe, unsubscribe) = state.withLock { state -> ([(String, MQTTQoS)], [String]) in
             defer { state.pendingUnsubscribes = [] }

@@ -91,8 +91,9 @@ public final class MQTTClient: Sendable {
 
     /// Holds back what is written to the broker until `releaseWrites()`, so that the messages published in between
     /// leave in as few TCP segments as possible (one wake-up of the broker, one burst of acknowledgements, instead
-    /// of one each). For a caller that publishes several messages in one go; keep the span short (the kernel sends
-    /// anyway after 200 ms). Does nothing under TLS or while disconnected.
+    /// of one each, and one write(2) instead of one per packet). For a caller that publishes several messages in one
+    /// go; keep the span short: nothing held leaves before `releaseWrites()` unless 16 KiB pile up. Does nothing
+    /// under TLS.
     public func holdWrites() { core.cork(true) }
 
     /// Sends what `holdWrites()` held back.

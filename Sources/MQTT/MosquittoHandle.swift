@@ -31,49 +31,76 @@ final class MosquittoHandle: @unchecked Sendable {
     deinit { mosquitto_destroy(raw) }
 }
 
-/// A read buffer for the client's plain-TCP broker socket (CMosquittoIO): libmosquitto reads each packet in three
-/// or more read(2) calls (command byte, length, body); with the socket attached, one recv(2) takes everything the
-/// broker sent (a wake-up's PUBACKs under load) and libmosquitto's reads are served from memory. Attached by the loop
-/// thread for each connection and only used by it (and by tests); close(2) of the socket detaches it.
-final class MosquittoReadBuffer: @unchecked Sendable {
-    /// Allocated at the first attach (a client over TLS never has one).
-    private var raw: OpaquePointer?
+/// The read and write buffers of the client's plain-TCP broker socket (CMosquittoIO). libmosquitto reads each
+/// packet in three or more read(2) calls (command byte, length, body) and writes each packet with a write(2) of its
+/// own; with the socket attached, one recv(2) takes everything the broker sent (a wake-up's PUBACKs under load), and
+/// between `hold()` and `release()` the packets written leave together in one write(2). The loop thread attaches
+/// the socket for each connection, detaches it at the end, and is the only reader; any thread may hold, release and
+/// write. close(2) of the socket detaches it and drops what was held.
+final class MosquittoSocketBuffers: @unchecked Sendable {
+    /// Nil over TLS (libmosquitto's own loop reads and writes there) or when out of memory.
+    private let raw: OpaquePointer?
     /// The descriptor attached last (the loop thread's only).
     private var attached: Int32 = -1
 
-    init() {}
+    init(enabled: Bool) { raw = enabled ? mosquitto_io_buffer_new() : nil }
 
     deinit {
         detach()
         mosquitto_io_buffer_free(raw)
     }
 
-    /// Serves reads of `socket` from this buffer, emptied first. Without a buffer (out of memory) or for a
-    /// descriptor beyond the table, reads go to the system as they would without it.
+    /// Serves `socket` through these buffers, emptied first. Without buffers, or for a descriptor beyond the table,
+    /// reads and writes go to the system as they would without them.
     func attach(_ socket: Int32) {
         detach()
-        if raw == nil { raw = mosquitto_io_buffer_new() }
         guard let raw, mosquitto_io_attach(socket, raw) == 0 else { return }
         attached = socket
     }
 
-    /// Stops serving the attached socket (nothing when close(2) already did, or it serves another client now).
+    /// Sends what is held (as far as the socket takes it) and stops serving the attached socket (nothing when
+    /// close(2) already did, or the number serves another client now).
     func detach() {
         guard let raw, attached >= 0 else { return }
         mosquitto_io_detach(attached, raw)
         attached = -1
     }
 
+    /// True when reads or writes of `socket` are served through some client's buffers.
+    static func isAttached(_ socket: Int32) -> Bool { mosquitto_io_is_attached(socket) != 0 }
+
     /// Bytes received from the broker and not yet read by libmosquitto: the socket may poll as empty while they wait.
     var hasBufferedBytes: Bool { raw.map { mosquitto_io_buffered($0) > 0 } ?? false }
 
-    /// True when reads of `socket` are served from some buffer.
-    static func isAttached(_ socket: Int32) -> Bool { mosquitto_io_is_attached(socket) != 0 }
+    /// Keeps what is written to the socket from now on (up to 16 KiB) until `release()`.
+    func hold() {
+        guard let raw else { return }
+        mosquitto_io_hold(raw)
+    }
 
-    /// recv(2) calls that filled the buffer, and reads it served, so far.
-    var counts: (fills: UInt64, reads: UInt64) {
-        guard let raw else { return (0, 0) }
-        return (UInt64(mosquitto_io_fills(raw)), UInt64(mosquitto_io_reads(raw)))
+    /// Sends what was held; what the socket did not take waits for `flush()`.
+    func release() {
+        guard let raw else { return }
+        _ = mosquitto_io_release(raw)
+    }
+
+    /// True when written bytes wait for the socket to take them.
+    var hasPendingWrites: Bool { raw.map { mosquitto_io_pending($0) > 0 } ?? false }
+
+    /// Sends what waits. Returns false when the socket failed (the connection is broken; libmosquitto finds out on
+    /// its next read or write).
+    func flush() -> Bool {
+        guard let raw else { return true }
+        return mosquitto_io_flush(raw) != -1
+    }
+
+    /// recv(2) calls that filled the read buffer and reads it served; writes kept and write(2) calls that sent them.
+    var counts: (fills: UInt64, reads: UInt64, keptWrites: UInt64, flushes: UInt64) {
+        guard let raw else { return (0, 0, 0, 0) }
+        return (
+            UInt64(mosquitto_io_fills(raw)), UInt64(mosquitto_io_reads(raw)), UInt64(mosquitto_io_kept_writes(raw)),
+            UInt64(mosquitto_io_flushes(raw))
+        )
     }
 }
 

@@ -1,7 +1,8 @@
-// The broker socket's read buffer (CMosquittoIO): libmosquitto's reads of an attached socket are served from what
-// one recv(2) took, byte for byte as the kernel would have served them, and nothing else changes for any other
-// descriptor. The first tests drive read(2) and close(2) directly on socket pairs (the process's own read(2) is the
-// buffered one, as libmosquitto's is); the last ones run the client against a scripted broker and a real mosquitto.
+// The broker socket's buffers (CMosquittoIO): libmosquitto's reads of an attached socket are served from what one
+// recv(2) took, byte for byte as the kernel would have served them; its writes between hold and release leave in one
+// write(2), in order with every other write; nothing changes for any other descriptor. The first tests drive read(2),
+// write(2) and close(2) directly on socket pairs (the process's own calls are the buffered ones, as libmosquitto's
+// are); the last ones run the client against a scripted broker and a real mosquitto.
 import Foundation
 import Synchronization
 import TestSupport
@@ -31,6 +32,21 @@ private final class SocketPair {
 
     func send(_ bytes: [UInt8]) { _ = bytes.withUnsafeBytes { write(writer, $0.baseAddress, $0.count) } }
 
+    /// write(2) of `bytes` to the reader end (the end a test attaches for writing): the result.
+    @discardableResult
+    func writeToReaderEnd(_ bytes: [UInt8]) -> Int { bytes.withUnsafeBytes { write(reader, $0.baseAddress, $0.count) } }
+
+    /// Everything readable now at the writer end.
+    func drainWriterEnd() -> [UInt8] {
+        var all: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65_536)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { recv(writer, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+            guard n > 0 else { return all }
+            all += chunk[0..<n]
+        }
+    }
+
     /// read(2) of at most `count` bytes: the bytes, or the result and errno when it returned none.
     func read(_ count: Int) -> (bytes: [UInt8], result: Int, error: Int32) {
         var bytes = [UInt8](repeating: 0, count: count)
@@ -49,10 +65,10 @@ private final class SocketPair {
     deinit { closeBoth() }
 }
 
-@Suite struct ReadBufferTests {
+@Suite struct SocketBufferTests {
     @Test func readsOfAnAttachedSocketAreServedFromOneReceive() throws {
         let pair = try SocketPair()
-        let buffer = MosquittoReadBuffer()
+        let buffer = MosquittoSocketBuffers(enabled: true)
         buffer.attach(pair.reader)
         defer { buffer.detach() }
         // Two PUBACKs and the start of a third, as one segment: libmosquitto reads 1, 1, 2 bytes per packet.
@@ -79,7 +95,7 @@ private final class SocketPair {
 
     @Test func aReadAsLargeAsTheBufferGoesStraightToTheSocket() throws {
         let pair = try SocketPair()
-        let buffer = MosquittoReadBuffer()
+        let buffer = MosquittoSocketBuffers(enabled: true)
         buffer.attach(pair.reader)
         defer { buffer.detach() }
         let body = (0..<20_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
@@ -98,21 +114,105 @@ private final class SocketPair {
 
     @Test func closeDetachesAndALateDetachLeavesTheNextOwnerAlone() throws {
         let pair = try SocketPair()
-        let buffer = MosquittoReadBuffer()
+        let buffer = MosquittoSocketBuffers(enabled: true)
         buffer.attach(pair.reader)
         let number = pair.reader
-        #expect(MosquittoReadBuffer.isAttached(number))
+        #expect(MosquittoSocketBuffers.isAttached(number))
         pair.send([1, 2, 3])
         #expect(pair.read(1).bytes == [1])
         pair.closeBoth()  // as libmosquitto closes a lost connection, with two bytes still buffered
-        #expect(!MosquittoReadBuffer.isAttached(number), "close(2) detached it: a reused number reads its own socket")
+        #expect(
+            !MosquittoSocketBuffers.isAttached(number), "close(2) detached it: a reused number reads its own socket")
         // The number may serve another client's connection by the time the first one detaches.
-        let other = MosquittoReadBuffer()
+        let other = MosquittoSocketBuffers(enabled: true)
         other.attach(number)
         buffer.detach()
-        #expect(MosquittoReadBuffer.isAttached(number), "the late detach left the other buffer attached")
+        #expect(MosquittoSocketBuffers.isAttached(number), "the late detach left the other buffer attached")
         other.detach()
-        #expect(!MosquittoReadBuffer.isAttached(number))
+        #expect(!MosquittoSocketBuffers.isAttached(number))
+    }
+
+    @Test func heldWritesLeaveTogetherAtRelease() throws {
+        let pair = try SocketPair()
+        let buffers = MosquittoSocketBuffers(enabled: true)
+        buffers.attach(pair.reader)
+        defer { buffers.detach() }
+        pair.writeToReaderEnd([1])
+        #expect(pair.drainWriterEnd() == [1], "not held: written at once")
+        buffers.hold()
+        #expect(pair.writeToReaderEnd([2, 3]) == 2)
+        #expect(pair.writeToReaderEnd([4]) == 1)
+        #expect(pair.writeToReaderEnd([5, 6, 7]) == 3)
+        #expect(pair.drainWriterEnd() == [], "held")
+        #expect(buffers.hasPendingWrites)
+        buffers.release()
+        #expect(pair.drainWriterEnd() == [2, 3, 4, 5, 6, 7])
+        #expect(!buffers.hasPendingWrites)
+        let counts = buffers.counts
+        #expect(counts.keptWrites == 3 && counts.flushes == 1, "three writes, one system call")
+    }
+
+    @Test func aWriteThatDoesNotFitSendsWhatWasHeldFirst() throws {
+        let pair = try SocketPair()
+        var sndbuf: Int32 = 1 << 20
+        setsockopt(pair.reader, SOL_SOCKET, SO_SNDBUF, &sndbuf, socklen_t(MemoryLayout<Int32>.size))
+        let buffers = MosquittoSocketBuffers(enabled: true)
+        buffers.attach(pair.reader)
+        defer { buffers.detach() }
+        buffers.hold()
+        pair.writeToReaderEnd([1, 2])
+        let large = [UInt8](repeating: 9, count: 20_000)
+        #expect(pair.writeToReaderEnd(large) == large.count)
+        pair.writeToReaderEnd([3])
+        buffers.release()
+        var received: [UInt8] = []
+        for _ in 0..<100 where received.count < 20_003 {
+            received += pair.drainWriterEnd()
+        }
+        #expect(received == [1, 2] + large + [3], "in the order written")
+    }
+
+    @Test func whatAFullSocketDidNotTakeWaitsForFlushInOrder() throws {
+        let pair = try SocketPair()
+        _ = fcntl(pair.reader, F_SETFL, fcntl(pair.reader, F_GETFL) | O_NONBLOCK)
+        var sndbuf: Int32 = 4096
+        setsockopt(pair.reader, SOL_SOCKET, SO_SNDBUF, &sndbuf, socklen_t(MemoryLayout<Int32>.size))
+        let buffers = MosquittoSocketBuffers(enabled: true)
+        buffers.attach(pair.reader)
+        defer { buffers.detach() }
+        var expected: [UInt8] = []
+        buffers.hold()
+        for index in 0..<15 {
+            let chunk = [UInt8](repeating: UInt8(index), count: 1000)
+            expected += chunk
+            #expect(pair.writeToReaderEnd(chunk) == chunk.count)
+        }
+        buffers.release()
+        #expect(buffers.hasPendingWrites, "the socket took only part of it")
+        // Written while bytes still wait: queued behind them, never ahead.
+        #expect(pair.writeToReaderEnd([0xEE]) == 1)
+        expected.append(0xEE)
+        var received: [UInt8] = []
+        for _ in 0..<1000 where received.count < expected.count {
+            received += pair.drainWriterEnd()
+            #expect(buffers.flush())
+        }
+        #expect(received == expected)
+        #expect(!buffers.hasPendingWrites)
+    }
+
+    @Test func closeDropsWhatWasHeld() throws {
+        let pair = try SocketPair()
+        let buffers = MosquittoSocketBuffers(enabled: true)
+        buffers.attach(pair.reader)
+        buffers.hold()
+        pair.writeToReaderEnd([1, 2, 3])
+        close(pair.reader)  // as libmosquitto closes a lost connection
+        #expect(!buffers.hasPendingWrites)
+        buffers.release()
+        #expect(pair.drainWriterEnd() == [], "nothing reached the closed socket's peer")
+        #expect(buffers.counts.flushes == 0)
+        close(pair.writer)
     }
 
     @Test func otherDescriptorsAreReadAsBefore() throws {
@@ -148,7 +248,7 @@ private final class SocketPair {
             broker: MQTTBrokerURL(host: "127.0.0.1", port: broker.port), protocolVersion: version)
         config.maxInflightMessages = count
         let client = try await connectedClient(config)
-        let fillsAfterConnect = client.core.readBuffer.counts.fills
+        let fillsAfterConnect = client.core.buffers.counts.fills
         #expect(fillsAfterConnect >= 2, "the CONNACK came in pieces, each read when it came")
         var deliveries: [MQTTDelivery] = []
         for index in 0..<count {
@@ -158,22 +258,25 @@ private final class SocketPair {
         }
         for delivery in deliveries { try await within(10, "acknowledged") { try await delivery.acknowledged() } }
         #expect(client.statistics.acknowledged == count)
-        let counts = client.core.readBuffer.counts
+        let counts = client.core.buffers.counts
         #expect(counts.fills - fillsAfterConnect <= 2, "one segment of \(count) PUBACKs, read at once")
         #expect(counts.reads >= UInt64(3 * count), "libmosquitto still read each packet its own way")
         await client.disconnect()
     }
 
-    /// Against a real mosquitto, a stream of QoS 1 publishes in rounds (as the bridge publishes notifications):
-    /// every message arrives and is acknowledged, and the acknowledgements take far fewer recv(2) calls than
-    /// libmosquitto made reads.
+    /// Against a real mosquitto, a stream of QoS 1 publishes in held rounds (as the bridge publishes notifications):
+    /// every message arrives and is acknowledged, each round leaves in about one write(2), and the acknowledgements
+    /// take far fewer recv(2) calls than libmosquitto made reads.
     @Test func aRealBrokersAcknowledgementsAreReadInBatches() async throws {
-        let broker = try await MosquittoBroker.start()
+        // A Receive Maximum above the publisher's window: no publish waits for an acknowledgement.
+        let broker = try await MosquittoBroker.start(extraConfig: "max_inflight_messages 5000\n")
         let subscriber = try await connectedClient(configuration(broker))
-        let publisher = try await connectedClient(configuration(broker))
+        var publishing = configuration(broker)
+        publishing.maxInflightMessages = 2000  // no publish waits for the window (it would leave from the loop thread)
+        let publisher = try await connectedClient(publishing)
         let messages = subscriber.messages(matching: "batch/#")
         _ = try await subscriber.subscribe(to: "batch/#", qos: .atLeastOnce)
-        let before = publisher.core.readBuffer.counts
+        let before = publisher.core.buffers.counts
         var deliveries: [MQTTDelivery] = []
         for round in 0..<50 {
             publisher.holdWrites()
@@ -189,12 +292,35 @@ private final class SocketPair {
         let received = try await messages.first(1000, timeout: 30)
         #expect(Set(received.map { String(decoding: $0.payload, as: UTF8.self) }).count == 1000)
         for delivery in deliveries { try await within(10, "acknowledged") { try await delivery.acknowledged() } }
-        let after = publisher.core.readBuffer.counts
+        let after = publisher.core.buffers.counts
         let fills = after.fills - before.fills
         let reads = after.reads - before.reads
         #expect(reads >= 3000, "three reads per PUBACK by libmosquitto")
         #expect(fills * 4 < reads, "fewer than one recv(2) per PUBACK: \(fills) receives for \(reads) reads")
+        let kept = after.keptWrites - before.keptWrites
+        let flushes = after.flushes - before.flushes
+        #expect(kept >= 1000, "every publish of a round was held")
+        #expect(flushes <= 100, "about one write(2) per round of 20: \(flushes) for \(kept) publishes")
         await publisher.disconnect()
         await subscriber.disconnect()
+    }
+}
+
+/// The in-flight window follows the broker's Receive Maximum (MQTT 5), so that libmosquitto never holds a publish
+/// back itself (it would send it later from the loop thread, outside the caller's held round).
+@Suite struct ReceiveMaximumTests {
+    @Test(arguments: [(MQTTProtocolVersion.v5, 20), (.v311, 100)])
+    func windowIsTheSmallerOfOursAndTheBrokers(version: MQTTProtocolVersion, expected: Int) async throws {
+        let broker = try await MosquittoBroker.start()  // mosquitto's default max_inflight_messages: 20
+        let client = try await connectedClient(configuration(broker, version: version))
+        #expect(client.core.window == expected)
+        var deliveries: [MQTTDelivery] = []
+        for index in 0..<300 {
+            deliveries.append(
+                try client.send(MQTTOutgoingMessage(topic: "window/\(index)", payload: [1], qos: .atLeastOnce)))
+        }
+        for delivery in deliveries { try await within(10, "acknowledged") { try await delivery.acknowledged() } }
+        #expect(client.statistics.acknowledged == 300)
+        await client.disconnect()
     }
 }
