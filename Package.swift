@@ -74,7 +74,7 @@ let package = Package(
         .testTarget(name: "YAMLTests", dependencies: ["YAML"]),
         .testTarget(name: "SimulatorTests", dependencies: ["BlueZSimulator", "DBus", "TestSupport"]),
         .testTarget(name: "BlueZTests", dependencies: ["BlueZ", "DBus", "TestSupport"]),
-        .testTarget(name: "MQTTTests", dependencies: ["MQTT", "TestSupport"]),
+        .testTarget(name: "MQTTTests", dependencies: ["MQTT", "CMosquittoIO", "TestSupport"]),
         .testTarget(name: "GATTTests", dependencies: ["GATT", "GATTCrypto", "TestSupport"]),
         .testTarget(name: "CLITests", dependencies: ["TestSupport"]),
         .testTarget(name: "BridgeCoreTests", dependencies: ["BridgeCore", "GATT", "GATTCrypto", "YAML", "Logging"]),

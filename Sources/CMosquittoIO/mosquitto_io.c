@@ -1,4 +1,4 @@
-// See include/mosquitto_io.h. read(2), write(2) and close(2) are defined here for the whole process (the
+// See include/mosquitto_io.h. read(2), write(2), close(2) and socketpair(2) are defined here for the whole process (the
 // executable's definitions come first in the dynamic linker's search, so libmosquitto's calls land here too);
 // anything that is not an attached socket goes to the system call unchanged.
 #define _GNU_SOURCE
@@ -31,6 +31,36 @@ struct mosquitto_io_buffer {
 
 // Attached buffers by descriptor. Written by attach, detach and close (any thread); read by read(2) and write(2).
 static _Atomic(mosquitto_io_buffer *) table[TABLE_SIZE];
+
+// Descriptors whose writes are dropped (a socket pair's write end that nothing reads). Set by socketpair(2) on a
+// thread that asked for it, cleared by close(2).
+static _Atomic(unsigned char) silenced[TABLE_SIZE];
+static _Atomic(unsigned long long) dropped;
+static _Thread_local int silencing;
+static _Thread_local int silenced_last = -1;
+
+int mosquitto_io_silence_socketpair(int on) {
+    int last = silenced_last;
+    silencing = on;
+    if (on) silenced_last = -1;
+    return last;
+}
+
+int mosquitto_io_is_silenced(int fd) {
+    return fd >= 0 && fd < TABLE_SIZE && atomic_load_explicit(&silenced[fd], memory_order_acquire);
+}
+
+unsigned long long mosquitto_io_dropped_writes(void) { return atomic_load_explicit(&dropped, memory_order_relaxed); }
+
+int socketpair(int domain, int type, int protocol, int sv[2]) {
+    int result = (int)syscall(SYS_socketpair, domain, type, protocol, sv);
+    if (result == 0 && silencing && sv[1] >= 0 && sv[1] < TABLE_SIZE) {
+        atomic_store_explicit(&silenced[sv[1]], 1, memory_order_release);
+        silenced_last = sv[1];
+        silencing = 0;  // one pair per request
+    }
+    return result;
+}
 
 static mosquitto_io_buffer *lookup(int fd) {
     return (fd >= 0 && fd < TABLE_SIZE) ? atomic_load_explicit(&table[fd], memory_order_acquire) : NULL;
@@ -186,6 +216,10 @@ ssize_t read(int fd, void *destination, size_t count) {
 }
 
 ssize_t write(int fd, const void *source, size_t count) {
+    if (fd >= 0 && fd < TABLE_SIZE && atomic_load_explicit(&silenced[fd], memory_order_acquire)) {
+        atomic_fetch_add_explicit(&dropped, 1, memory_order_relaxed);
+        return (ssize_t)count;
+    }
     mosquitto_io_buffer *buffer = lookup(fd);
     if (buffer == NULL) return syscall(SYS_write, fd, source, count);
     pthread_mutex_lock(&buffer->lock);
@@ -217,6 +251,7 @@ ssize_t write(int fd, const void *source, size_t count) {
 }
 
 int close(int fd) {
+    if (fd >= 0 && fd < TABLE_SIZE) atomic_store_explicit(&silenced[fd], 0, memory_order_release);
     mosquitto_io_buffer *buffer =
         (fd >= 0 && fd < TABLE_SIZE) ? atomic_exchange_explicit(&table[fd], NULL, memory_order_acq_rel) : NULL;
     if (buffer == NULL) return (int)syscall(SYS_close, fd);

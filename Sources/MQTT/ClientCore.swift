@@ -203,7 +203,9 @@ final class ClientCore: Sendable {
     init(configuration: MQTTConfiguration) throws(MQTTError) {
         try configuration.validate()
         self.configuration = configuration
-        handle = try MosquittoHandle(clientID: configuration.clientID, cleanSession: configuration.cleanSession)
+        handle = try MosquittoHandle(
+            clientID: configuration.clientID, cleanSession: configuration.cleanSession,
+            silenceWakeUps: !configuration.broker.usesTLS)
         configuredWindow = configuration.maxInflightMessages
         isV5 = configuration.protocolVersion == .v5
         writesFromCaller = !configuration.broker.usesTLS

@@ -11,14 +11,23 @@ internal import CMosquittoIO
 /// Owns one libmosquitto client handle and destroys it in `deinit`.
 ///
 /// libmosquitto is used in its threaded mode (`mosquitto_threaded_set`): publish, subscribe and disconnect may be
-/// called from any thread while our own loop thread runs `mosquitto_loop`; the library serialises them with its
-/// own mutexes and wakes the loop through its socket pair.
+/// called from any thread while our own loop thread runs; the library serialises them with its own mutexes and,
+/// under TLS (`mosquitto_loop`), wakes the loop through its socket pair.
 final class MosquittoHandle: @unchecked Sendable {
     let raw: OpaquePointer
 
-    init(clientID: String?, cleanSession: Bool) throws(MQTTError) {
+    /// libmosquitto's wake-up socket (the write end of its socket pair) when its writes are dropped, else -1.
+    let silencedWakeUp: Int32
+
+    /// - Parameter silenceWakeUps: drop libmosquitto's wake-up writes (a byte to its socket pair for every packet
+    ///   it queues, for a select(2) loop): true on plain TCP, where our loop never reads that pair.
+    init(clientID: String?, cleanSession: Bool, silenceWakeUps: Bool = false) throws(MQTTError) {
         Mosquitto.initialise()
-        guard let raw = mosquitto_new(clientID, cleanSession, nil) else {
+        if silenceWakeUps { _ = mosquitto_io_silence_socketpair(1) }
+        let made = mosquitto_new(clientID, cleanSession, nil)
+        let silenced = mosquitto_io_silence_socketpair(0)
+        silencedWakeUp = silenceWakeUps ? silenced : -1
+        guard let raw = made else {
             let code = errno
             throw MQTTError(
                 .library(MOSQ_ERR_ERRNO.rawValue), operation: "create MQTT client",

@@ -1,3 +1,4 @@
+internal import CMosquittoIO
 // The broker socket's buffers (CMosquittoIO): libmosquitto's reads of an attached socket are served from what one
 // recv(2) took, byte for byte as the kernel would have served them; its writes between hold and release leave in one
 // write(2), in order with every other write; nothing changes for any other descriptor. The first tests drive read(2),
@@ -213,6 +214,44 @@ private final class SocketPair {
         #expect(pair.drainWriterEnd() == [], "nothing reached the closed socket's peer")
         #expect(buffers.counts.flushes == 0)
         close(pair.writer)
+    }
+
+    @Test func aWakeUpSocketPairsWritesAreDroppedUntilItIsClosed() throws {
+        var fds: [Int32] = [-1, -1]
+        _ = mosquitto_io_silence_socketpair(1)
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0)
+        let marked = mosquitto_io_silence_socketpair(0)
+        #expect(marked == fds[1], "the write end is marked")
+        _ = fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK)
+        let before = mosquitto_io_dropped_writes()
+        var byte: UInt8 = 0
+        #expect(write(fds[1], &byte, 1) == 1)
+        #expect(mosquitto_io_dropped_writes() >= before + 1)
+        #expect(recv(fds[0], &byte, 1, Int32(MSG_DONTWAIT)) == -1 && errno == EAGAIN, "nothing reached the read end")
+        // A pair made without asking is left alone.
+        var other: [Int32] = [-1, -1]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &other) == 0)
+        #expect(mosquitto_io_is_silenced(other[1]) == 0)
+        #expect(write(other[1], &byte, 1) == 1)
+        #expect(read(other[0], &byte, 1) == 1)
+        close(other[0])
+        close(other[1])
+        close(fds[1])
+        #expect(mosquitto_io_is_silenced(marked) == 0, "close(2) ends it: the number may be reused")
+        close(fds[0])
+    }
+
+    @Test func aPlainTCPClientsWakeUpWritesCostNoSystemCall() async throws {
+        let broker = try await MosquittoBroker.start()
+        let client = try await connectedClient(configuration(broker))
+        let wakeUp = client.core.handle.silencedWakeUp
+        #expect(wakeUp >= 0 && mosquitto_io_is_silenced(wakeUp) == 1)
+        let before = mosquitto_io_dropped_writes()
+        for index in 0..<50 {
+            try await client.publish(to: "wake/\(index)", payload: [1], qos: .atLeastOnce)
+        }
+        #expect(mosquitto_io_dropped_writes() - before >= 50, "one dropped wake-up per packet queued")
+        await client.disconnect()
     }
 
     @Test func otherDescriptorsAreReadAsBefore() throws {

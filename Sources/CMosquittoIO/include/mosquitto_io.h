@@ -63,4 +63,17 @@ unsigned long long mosquitto_io_reads(const mosquitto_io_buffer *buffer);
 unsigned long long mosquitto_io_kept_writes(mosquitto_io_buffer *buffer);
 unsigned long long mosquitto_io_flushes(mosquitto_io_buffer *buffer);
 
+/// While `on` is 1, a socketpair(2) made by the calling thread marks its second descriptor as a wake-up socket
+/// nobody reads: writes to it then return at once without a system call, until it is closed. For
+/// mosquitto_new on plain TCP: libmosquitto writes a byte to its socket pair for every packet it queues
+/// (packet__queue in lib/packet_mosq.c) to wake a select(2) loop that only TLS connections run here. Returns the
+/// descriptor marked since the last call with `on` 1 (-1 for none).
+int mosquitto_io_silence_socketpair(int on);
+
+/// 1 when writes to `fd` are dropped (see `mosquitto_io_silence_socketpair`), else 0.
+int mosquitto_io_is_silenced(int fd);
+
+/// Writes dropped so far, in the whole process.
+unsigned long long mosquitto_io_dropped_writes(void);
+
 #endif
