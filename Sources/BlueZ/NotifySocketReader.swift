@@ -3,6 +3,7 @@
 // thread sees the event, then a worker runs the handler); here the reading thread is the one the kernel wakes, and
 // a wake-up costs the same with 100 sockets registered as with one (poll(2) scanned them all every time).
 internal import CLinux
+import DBus
 import Synchronization
 
 #if canImport(Glibc)
@@ -219,4 +220,17 @@ private func nameCurrentThread(_ name: String) {
     defer { close(fd) }
     let bytes = Array(name.utf8.prefix(15))
     _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+}
+
+/// Rounds of signal dispatch on the D-Bus I/O thread (`DBusDispatchRounds`): bluetoothd's signals that libdbus read in
+/// one go (advertisements under load) are handled in one round, and an observer hears `begin` before and `end` after
+/// it, on that thread, as with `BlueZNotificationRounds`.
+public enum BlueZSignalRounds {
+    /// Registers an observer; the returned token removes it.
+    public static func observe(_ observer: BlueZNotificationRounds.Observer) -> Int {
+        DBusDispatchRounds.observe(.init(begin: observer.begin, end: observer.end))
+    }
+
+    /// Removes the observer `observe` returned `token` for.
+    public static func stopObserving(_ token: Int) { DBusDispatchRounds.stopObserving(token) }
 }

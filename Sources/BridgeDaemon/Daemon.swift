@@ -32,10 +32,14 @@ struct Daemon {
         case .failure(let exit): return exit.code
         case .success(let parts): (transport, central) = parts
         }
-        // A round of notifications under load leaves for the broker together (the MQTT socket corked around it).
+        // A round of notifications under load, and the signals libdbus read in one go (advertisements), leave for
+        // the broker together: their publishes are held and sent with one write.
         let rounds = BlueZNotificationRounds.observe(
             .init(begin: { transport.holdWrites() }, end: { transport.releaseWrites() }))
         defer { BlueZNotificationRounds.stopObserving(rounds) }
+        let signalRounds = BlueZSignalRounds.observe(
+            .init(begin: { transport.holdWrites() }, end: { transport.releaseWrites() }))
+        defer { BlueZSignalRounds.stopObserving(signalRounds) }
         let path = configPath
         if let stateDirectory { mkdir(stateDirectory, 0o700) }
         var mqtt: any MQTTTransport = transport

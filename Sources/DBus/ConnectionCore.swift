@@ -446,7 +446,18 @@ final class ConnectionCore: @unchecked Sendable {
     /// Runs queued work, dispatches what arrived and flushes held-back messages; on the I/O thread.
     fileprivate func step() -> StepResult {
         if drainQueue() { return .stopped }
-        dispatchAll()
+        // What libdbus read in one go (several signals under load) is dispatched as one round: observers hear of it
+        // around it (the bridge sends the round's MQTT publishes with one write).
+        if DBusDispatchRounds.isObserved
+            && dbus_connection_get_dispatch_status(connection) == DBUS_DISPATCH_DATA_REMAINS
+        {
+            let observers = DBusDispatchRounds.current()
+            for o in observers { o.begin() }
+            dispatchAll()
+            for o in observers { o.end() }
+        } else {
+            dispatchAll()
+        }
         if flushClientsIfIdle() { return .busy }
         return .idle
     }
@@ -968,4 +979,48 @@ private func nameCurrentThread(_ name: String) {
     defer { Glibc.close(fd) }
     let bytes = Array(name.utf8.prefix(15))
     _ = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+}
+
+/// Rounds of dispatch on the D-Bus I/O thread: each time a connection dispatches what libdbus read (one message or
+/// several), observers hear `begin` before and `end` after, on that thread, so that what the handlers do per message
+/// can be batched per round. Both must be quick and must not block.
+public enum DBusDispatchRounds {
+    /// Called around each round.
+    public struct Observer: Sendable {
+        let begin: @Sendable () -> Void
+        let end: @Sendable () -> Void
+
+        /// An observer calling `begin` before and `end` after each round.
+        public init(begin: @escaping @Sendable () -> Void, end: @escaping @Sendable () -> Void) {
+            self.begin = begin
+            self.end = end
+        }
+    }
+
+    private static let observers = Mutex<[Int: Observer]>([:])
+    private static let nextToken = Atomic<Int>(0)
+    private static let count = Atomic<Int>(0)
+
+    /// Registers an observer; the returned token removes it.
+    public static func observe(_ observer: Observer) -> Int {
+        let token = nextToken.add(1, ordering: .relaxed).newValue
+        observers.withLock { list in
+            list[token] = observer
+            count.store(list.count, ordering: .releasing)
+        }
+        return token
+    }
+
+    /// Removes the observer `observe` returned `token` for.
+    public static func stopObserving(_ token: Int) {
+        observers.withLock { list in
+            list.removeValue(forKey: token)
+            count.store(list.count, ordering: .releasing)
+        }
+    }
+
+    /// True when anybody observes (a round without observers costs one atomic load).
+    static var isObserved: Bool { count.load(ordering: .acquiring) > 0 }
+
+    static func current() -> [Observer] { observers.withLock { Array($0.values) } }
 }

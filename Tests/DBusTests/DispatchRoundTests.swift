@@ -1,0 +1,86 @@
+// Rounds of dispatch on the D-Bus I/O thread (DBusDispatchRounds): what libdbus read in one go is handled between
+// an observer's begin and end, on that thread, and a burst of signals takes fewer rounds than signals.
+import DBus
+import Foundation
+import Synchronization
+import TestSupport
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+@Suite struct DispatchRoundTests {
+    /// What an observer saw: the threads inside a round now, rounds begun and ended, and per handled signal
+    /// whether its thread was inside a round (and which round).
+    private final class Rounds: Sendable {
+        struct State {
+            var inside: [UInt: Int] = [:]  // thread -> its current round number
+            var begun = 0
+            var ended = 0
+            var handledInside = 0
+            var handledOutside = 0
+            var roundsWithSignals = Set<Int>()
+        }
+        let state = Mutex(State())
+
+        func begin() {
+            state.withLock { s in
+                s.begun += 1
+                s.inside[UInt(pthread_self())] = s.begun
+            }
+        }
+
+        func end() {
+            state.withLock { s in
+                s.ended += 1
+                s.inside.removeValue(forKey: UInt(pthread_self()))
+            }
+        }
+
+        func handled() {
+            state.withLock { s in
+                if let round = s.inside[UInt(pthread_self())] {
+                    s.handledInside += 1
+                    s.roundsWithSignals.insert(round)
+                } else {
+                    s.handledOutside += 1
+                }
+            }
+        }
+    }
+
+    @Test func aBurstOfSignalsIsHandledInsideFewerRounds() async throws {
+        let fixture = try await BusFixture()
+        let server = try fixture.connect()
+        let listener = try fixture.connect()
+        let rounds = Rounds()
+        let token = DBusDispatchRounds.observe(.init(begin: { rounds.begin() }, end: { rounds.end() }))
+        let count = 500
+        let received = Atomic<Int>(0)
+        let subscription = try await listener.signals(
+            matching: DBusMatchRule(sender: server.uniqueName, interface: "org.example.Burst"),
+            handler: { _ in
+                rounds.handled()
+                received.add(1, ordering: .relaxed)
+            })
+        for index in 0..<count {
+            try server.emitSignal(path: "/b", interface: "org.example.Burst", name: "S\(index % 10)")
+        }
+        try await eventually(10, "every signal handled") { received.load(ordering: .relaxed) == count }
+        DBusDispatchRounds.stopObserving(token)
+        subscription.cancel()
+        let seen = rounds.state.withLock { $0 }
+        #expect(seen.handledOutside == 0, "every signal was handled inside a round")
+        #expect(seen.handledInside == count)
+        #expect(seen.roundsWithSignals.count < count, "\(seen.roundsWithSignals.count) rounds for \(count) signals")
+        #expect(seen.begun >= seen.ended && seen.begun - seen.ended <= 1)
+        // Removed: no more rounds are observed.
+        let begunAfter = rounds.state.withLock { $0.begun }
+        try server.emitSignal(path: "/b", interface: "org.example.Burst", name: "Late")
+        let marker = try await listener.signals(matching: DBusMatchRule(interface: "org.example.Marker"))
+        try server.emitSignal(path: "/b", interface: "org.example.Marker", name: "End")
+        #expect(await members(until: marker) == [])
+        #expect(rounds.state.withLock { $0.begun } == begunAfter)
+    }
+}
