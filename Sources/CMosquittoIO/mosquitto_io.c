@@ -1,5 +1,5 @@
-// See include/mosquitto_io.h. read(2), write(2), close(2) and socketpair(2) are defined here for the whole process (the
-// executable's definitions come first in the dynamic linker's search, so libmosquitto's calls land here too);
+// See include/mosquitto_io.h. read(2), write(2), close(2) and socketpair(2) are defined here for the whole process
+// (the executable's definitions come first in the dynamic linker's search, so libmosquitto's calls land here too);
 // anything that is not an attached socket goes to the system call unchanged.
 #define _GNU_SOURCE
 #include "mosquitto_io.h"

@@ -3,8 +3,8 @@
 // libmosquitto 2.0 reads every packet in at least three read(2) calls on its socket (net__read in lib/net_mosq.c:
 // the command byte, each byte of the remaining length, then the body; lib/packet_mosq.c, packet__read), so a
 // publisher at QoS 1 pays three system calls per PUBACK; and it writes every packet with a write(2) of its own
-// (packet__write). It has no hook for its socket I/O, so this target defines read(2), write(2) and close(2) for the
-// process. For a socket attached here:
+// (packet__write). It has no hook for its socket I/O, so this target defines read(2), write(2), close(2) and
+// socketpair(2) for the process. For a socket attached here:
 // - a read is served from a buffer that one recv(2) fills with whatever the kernel holds;
 // - while writes are held (`mosquitto_io_hold`), what is written is kept and leaves in one write(2) at
 //   `mosquitto_io_release`, in order with everything else written to the socket.
