@@ -190,20 +190,11 @@ final class NotifySocketReader: Sendable {
 /// Rounds of notification delivery under load: the notify reader thread, woken again within 4 ms of its last
 /// wake-up, delivers every value that is ready in one round and then gathers for the rest of 2 ms. An
 /// observer hears `begin` before and `end` after each such round, on that thread, so that what the consumers do
-/// per value can be batched per round (the bridge corks its MQTT socket: one TCP segment for the round's
-/// publishes instead of one each). Both must be quick and must not block.
+/// per value can be batched per round (the bridge holds its MQTT writes: one write for the round's publishes
+/// instead of one each). Both must be quick and must not block.
 public enum BlueZNotificationRounds {
-    /// Called around each round under load.
-    public struct Observer: Sendable {
-        let begin: @Sendable () -> Void
-        let end: @Sendable () -> Void
-
-        /// An observer calling `begin` before and `end` after each round.
-        public init(begin: @escaping @Sendable () -> Void, end: @escaping @Sendable () -> Void) {
-            self.begin = begin
-            self.end = end
-        }
-    }
+    /// Called around each round under load (the D-Bus layer's round observer: one shape for both kinds of round).
+    public typealias Observer = DBusDispatchRounds.Observer
 
     /// Registers an observer; the returned token removes it.
     public static func observe(_ observer: Observer) -> Int { NotifySocketReader.shared.addObserver(observer) }
@@ -228,7 +219,7 @@ private func nameCurrentThread(_ name: String) {
 public enum BlueZSignalRounds {
     /// Registers an observer; the returned token removes it.
     public static func observe(_ observer: BlueZNotificationRounds.Observer) -> Int {
-        DBusDispatchRounds.observe(.init(begin: observer.begin, end: observer.end))
+        DBusDispatchRounds.observe(observer)
     }
 
     /// Removes the observer `observe` returned `token` for.

@@ -987,8 +987,10 @@ private func nameCurrentThread(_ name: String) {
 public enum DBusDispatchRounds {
     /// Called around each round.
     public struct Observer: Sendable {
-        let begin: @Sendable () -> Void
-        let end: @Sendable () -> Void
+        /// Called before each round.
+        public let begin: @Sendable () -> Void
+        /// Called after each round.
+        public let end: @Sendable () -> Void
 
         /// An observer calling `begin` before and `end` after each round.
         public init(begin: @escaping @Sendable () -> Void, end: @escaping @Sendable () -> Void) {
