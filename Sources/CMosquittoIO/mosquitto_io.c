@@ -215,6 +215,14 @@ ssize_t read(int fd, void *destination, size_t count) {
     return (ssize_t)n;
 }
 
+// Keeps `count` bytes for the next flush (the caller checked that they fit).
+static ssize_t keep_locked(mosquitto_io_buffer *buffer, const void *source, size_t count) {
+    memcpy(buffer->out + buffer->pending, source, count);
+    buffer->pending += count;
+    buffer->kept++;
+    return (ssize_t)count;
+}
+
 ssize_t write(int fd, const void *source, size_t count) {
     if (fd >= 0 && fd < TABLE_SIZE && atomic_load_explicit(&silenced[fd], memory_order_acquire)) {
         atomic_fetch_add_explicit(&dropped, 1, memory_order_relaxed);
@@ -227,17 +235,11 @@ ssize_t write(int fd, const void *source, size_t count) {
     if (buffer->fd != fd) {
         result = syscall(SYS_write, fd, source, count);  // detached since the look-up
     } else if (buffer->holding && buffer->pending + count <= CAPACITY) {
-        memcpy(buffer->out + buffer->pending, source, count);
-        buffer->pending += count;
-        buffer->kept++;
-        result = (ssize_t)count;
+        result = keep_locked(buffer, source, count);
     } else if (buffer->pending > 0 && flush_locked(buffer) != 0) {
         // What was kept must leave first, and the socket is full (or failed: errno says so).
         if ((errno == EAGAIN || errno == EWOULDBLOCK) && buffer->pending + count <= CAPACITY) {
-            memcpy(buffer->out + buffer->pending, source, count);
-            buffer->pending += count;
-            buffer->kept++;
-            result = (ssize_t)count;
+            result = keep_locked(buffer, source, count);
         } else {
             result = -1;
         }

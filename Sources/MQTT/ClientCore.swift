@@ -197,7 +197,7 @@ final class ClientCore: Sendable {
     /// and reported the disconnection); the loop thread takes it as the reason.
     private let callerWriteFailure = Atomic<Int32>(0)
     /// Plain TCP: the broker socket's reads, served from one recv(2) per wake-up, and its writes, held together
-    /// between `cork(true)` and `cork(false)` (see `MosquittoSocketBuffers`).
+    /// between `holdWrites(true)` and `holdWrites(false)` (see `MosquittoSocketBuffers`).
     let buffers: MosquittoSocketBuffers
 
     init(configuration: MQTTConfiguration) throws(MQTTError) {
@@ -496,7 +496,7 @@ final class ClientCore: Sendable {
     /// Holds (`true`) or sends (`false`) what is written to the broker socket: while held, the packets written are
     /// kept in the socket's write buffer (up to 16 KiB) and leave together in one write(2) when released, in order
     /// with everything else written to the socket. Plain TCP only.
-    func cork(_ on: Bool) {
+    func holdWrites(_ on: Bool) {
         guard writesFromCaller else { return }
         if on { buffers.hold() } else { buffers.release() }
     }

@@ -94,10 +94,10 @@ public final class MQTTClient: Sendable {
     /// of one each, and one write(2) instead of one per packet). For a caller that publishes several messages in one
     /// go; keep the span short: nothing held leaves before `releaseWrites()` unless 16 KiB pile up. Does nothing
     /// under TLS.
-    public func holdWrites() { core.cork(true) }
+    public func holdWrites() { core.holdWrites(true) }
 
     /// Sends what `holdWrites()` held back.
-    public func releaseWrites() { core.cork(false) }
+    public func releaseWrites() { core.holdWrites(false) }
 
     /// The current connection state.
     public var connectionState: MQTTConnectionState { core.state.withLock { $0.connection } }
