@@ -83,7 +83,7 @@ for n in "${sizes[@]}"; do
     PIDS+=("$sim")
     for _ in $(seq 1 400); do grep -q "bluez-sim: ready" "$dir/sim.out" && break; sleep 0.05; done
     grep -q "bluez-sim: ready" "$dir/sim.out" || { cat "$dir/sim.out" >&2; echo "bluez-sim did not start" >&2; exit 1; }
-    address="$(sed -n 's/^DBUS_SYSTEM_BUS_ADDRESS=//p' "$dir/sim.out" | head -1)"
+    address="$(sed -n 's/.*DBUS_SYSTEM_BUS_ADDRESS=//p' "$dir/sim.out" | head -1)"
     "$WORK/dbus-ref" --bus "$address" --out "$dir/ref.rec" >"$dir/ref.out" 2>&1 &
     ref=$!
     PIDS+=("$ref")

@@ -135,7 +135,7 @@ run_scenario() {
         return 1
     fi
     local address
-    address="$(sed -n 's/^DBUS_SYSTEM_BUS_ADDRESS=//p' "$dir/sim.out" | head -1)"
+    address="$(sed -n 's/.*DBUS_SYSTEM_BUS_ADDRESS=//p' "$dir/sim.out" | head -1)"
 
     local ref="" swiftref="" refargs=()
     if [ "$kind" = passive ]; then

@@ -87,7 +87,7 @@ SIM=$!
 PIDS+=("$SIM")
 for _ in $(seq 1 400); do grep -q "bluez-sim: ready" "$WORK/sim.out" && break; sleep 0.05; done
 grep -q "bluez-sim: ready" "$WORK/sim.out" || { cat "$WORK/sim.out" >&2; echo "bluez-sim did not start" >&2; exit 1; }
-ADDRESS="$(sed -n 's/^DBUS_SYSTEM_BUS_ADDRESS=//p' "$WORK/sim.out" | head -1)"
+ADDRESS="$(sed -n 's/.*DBUS_SYSTEM_BUS_ADDRESS=//p' "$WORK/sim.out" | head -1)"
 
 "$WORK/dbus-ref" --bus "$ADDRESS" --out "$WORK/ref.rec" >"$WORK/ref.out" 2>&1 &
 REF=$!

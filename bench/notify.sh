@@ -18,7 +18,7 @@ SIM=$!
 trap 'kill $SIM 2>/dev/null || true; wait $SIM 2>/dev/null || true; rm -f "$OUT"' EXIT
 for _ in $(seq 1 200); do grep -q "bluez-sim: ready" "$OUT" && break; sleep 0.05; done
 grep -q "bluez-sim: ready" "$OUT" || { cat "$OUT" >&2; echo "bluez-sim did not start" >&2; exit 1; }
-ADDRESS="$(sed -n 's/^DBUS_SYSTEM_BUS_ADDRESS=//p' "$OUT" | head -1)"
+ADDRESS="$(sed -n 's/.*DBUS_SYSTEM_BUS_ADDRESS=//p' "$OUT" | head -1)"
 
 "$BIN/bench-notify" --bus "$ADDRESS" --device F1:E2:D3:C4:B5:A6 \
     --uuid 6e400003-b5a3-f393-e0a9-e50e24dcca9e --count "$COUNT" --sim-pid "$SIM"

@@ -27,7 +27,7 @@ cleanup() {
 trap cleanup EXIT
 for _ in $(seq 1 200); do grep -q "bluez-sim: ready" "$OUT" && break; sleep 0.05; done
 grep -q "bluez-sim: ready" "$OUT" || { cat "$OUT" >&2; echo "bluez-sim did not start" >&2; exit 1; }
-export DBUS_SYSTEM_BUS_ADDRESS="$(sed -n 's/^DBUS_SYSTEM_BUS_ADDRESS=//p' "$OUT" | head -1)"
+export DBUS_SYSTEM_BUS_ADDRESS="$(sed -n 's/.*DBUS_SYSTEM_BUS_ADDRESS=//p' "$OUT" | head -1)"
 sed -n 's/^bluez-sim: //p' "$OUT"
 
 STRAP=A0:9E:1A:4F:2C:11     # heart-rate strap

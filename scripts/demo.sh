@@ -49,7 +49,7 @@ echo "== start bluez-sim (config/demo-scenario.yaml) on a private bus"
 PIDS+=($!)
 for _ in $(seq 1 200); do grep -q "bluez-sim: ready" "$WORK/sim.out" && break; sleep 0.05; done
 grep -q "bluez-sim: ready" "$WORK/sim.out" || { cat "$WORK/sim.out" >&2; echo "bluez-sim did not start" >&2; exit 1; }
-export DBUS_SYSTEM_BUS_ADDRESS="$(sed -n 's/^DBUS_SYSTEM_BUS_ADDRESS=//p' "$WORK/sim.out" | head -1)"
+export DBUS_SYSTEM_BUS_ADDRESS="$(sed -n 's/.*DBUS_SYSTEM_BUS_ADDRESS=//p' "$WORK/sim.out" | head -1)"
 sed -n 's/^bluez-sim: //p' "$WORK/sim.out"
 
 sed "s|mqtt://127.0.0.1:1883|mqtt://127.0.0.1:$PORT|" config/demo.yaml >"$WORK/demo.yaml"
