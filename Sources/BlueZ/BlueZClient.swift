@@ -57,6 +57,8 @@ public final class BlueZClient: Sendable {
         var accessDenied: BlueZDBusFailure?
     }
     let core: Mutex<Core>
+    /// `refreshMissingObjects`' reads of bluetoothd's whole tree, one at a time for any number of callers.
+    private let refreshes = SingleFlight<Set<String>?>()
 
     /// Opens the client's D-Bus connection. Nothing runs until `start()`.
     /// - Throws: `BlueZError.busUnavailable` when the bus cannot be reached.
@@ -307,9 +309,15 @@ public final class BlueZClient: Sendable {
     }
 
     /// Adds objects bluetoothd exports but the mirror lacks (bluez#1489: `ServicesResolved` before the objects).
-    /// Returns the paths bluetoothd exports (nil when it did not answer).
+    /// Returns the paths bluetoothd exports (nil when it did not answer). Callers at the same time share the reads
+    /// (`SingleFlight`): each gets a tree read after it asked, but at most one read is under way and one queued.
     @discardableResult
     func refreshMissingObjects() async -> Set<String>? {
+        await refreshes.value { [weak self] in await self?.readMissingObjects() } ?? nil
+    }
+
+    /// One GetManagedObjects for `refreshMissingObjects`.
+    private func readMissingObjects() async -> Set<String>? {
         guard let owner = core.withLock({ $0.owner }) else { return nil }
         guard
             let reply = try? await connection.call(

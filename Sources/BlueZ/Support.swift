@@ -78,3 +78,62 @@ struct Deadline: Sendable {
 func nap(_ duration: Duration) async {
     try? await Task.sleep(for: duration)
 }
+
+/// One run of an expensive read at a time, shared by everyone who asks while it is under way or queued.
+///
+/// A caller needs a result read after it asked: it joins the run that is queued (which starts after the current one
+/// ends), or queues one when a run is under way, or starts one when nothing is. So however many tasks ask at once,
+/// at most one run is under way and one queued, and every caller still gets a result at least as fresh as its
+/// question. (A hundred devices resolving their services together used to read bluetoothd's whole tree a hundred
+/// times over, all at once.) A cancelled caller stops waiting at once (nil); the run goes on for the others.
+final class SingleFlight<Value: Sendable>: Sendable {
+    private struct Box: Sendable { let value: Value }
+    private typealias Read = @Sendable () async -> Value
+    private struct State {
+        var running = false
+        var queued: (shot: OneShot<Box>, read: Read)?
+    }
+    private let state = Mutex<State>(State())
+
+    init() {}
+
+    /// How many runs are under way or queued (0, 1 or 2; for tests).
+    var pending: Int { state.withLock { ($0.running ? 1 : 0) + ($0.queued == nil ? 0 : 1) } }
+
+    /// The result of a run of `read` (this one, or an equivalent one another caller passed) that started after
+    /// this call; nil when the calling task is cancelled.
+    func value(_ read: @escaping @Sendable () async -> Value) async -> Value? {
+        let (shot, start) = state.withLock { s -> (OneShot<Box>, Bool) in
+            if let queued = s.queued { return (queued.shot, false) }
+            let shot = OneShot<Box>()
+            if s.running {
+                s.queued = (shot, read)
+                return (shot, false)
+            }
+            s.running = true
+            return (shot, true)
+        }
+        if start {
+            // Unstructured: the run must not end with the cancellation of the caller that happened to start it. It
+            // holds this value (not its owner, which `read` must not hold strongly) until no run is queued.
+            Task { await self.runs(shot, read) }
+        }
+        return await shot.value()?.value
+    }
+
+    /// Runs `read` for `shot`, then each run queued meanwhile, until none is.
+    private func runs(_ first: OneShot<Box>, _ firstRead: Read) async {
+        var (shot, read) = (first, firstRead)
+        while true {
+            shot.complete(Box(value: await read()))
+            guard
+                let next = state.withLock({ s -> (shot: OneShot<Box>, read: Read)? in
+                    defer { s.queued = nil }
+                    s.running = s.queued != nil
+                    return s.queued
+                })
+            else { return }
+            (shot, read) = next
+        }
+    }
+}
