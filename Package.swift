@@ -59,7 +59,8 @@ let package = Package(
 
         // Executables: wiring only.
         .executableTarget(
-            name: "blebridge", dependencies: ["BridgeTools", "BridgeDaemon", "BridgeKit", "BridgeCore", "MQTT", "Signals"]),
+            name: "blebridge",
+            dependencies: ["BridgeTools", "BridgeDaemon", "BridgeKit", "BridgeCore", "CLinux", "MQTT", "Signals"]),
         .executableTarget(name: "bluez-sim", dependencies: ["BlueZSimulator", "DBus"]),
         .executableTarget(name: "bench-gatt", dependencies: ["GATT", "GATTCrypto"]),
         .executableTarget(name: "bench-mqtt", dependencies: ["MQTT"]),

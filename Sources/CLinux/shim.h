@@ -1,8 +1,10 @@
 // Linux interfaces that Swift's Glibc module does not export: epoll(7), for the notification reader (one wake-up
 // for the sockets that are ready, whatever the number of sockets registered), and recvmmsg(2), which reads every
 // queued notification of a socket in one call (Glibc declares it, and struct mmsghdr, only under _GNU_SOURCE).
-// Also the two clock primitives of the loops that gather work under load (the notify reader, the MQTT loop).
+// Also the two clock primitives of the loops that gather work under load (the notify reader, the MQTT loop), and
+// mallopt(3)'s arena limit (malloc.h is not in the Glibc module).
 #include <errno.h>
+#include <malloc.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -29,3 +31,7 @@ static inline void clinux_sleep_ns(unsigned long long ns) {
     struct timespec pause = {0, (long)ns}, left;
     while (nanosleep(&pause, &left) != 0 && errno == EINTR) pause = left;
 }
+
+/// mallopt(M_ARENA_MAX, arenas): how many malloc arenas glibc may create (by default 8 per core, one per thread that
+/// allocates while another holds an arena). Returns 1 on success.
+static inline int clinux_limit_malloc_arenas(int arenas) { return mallopt(M_ARENA_MAX, arenas); }
