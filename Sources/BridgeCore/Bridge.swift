@@ -861,3 +861,14 @@ func waitForever() async {
 func uncancelled(_ body: @escaping @Sendable () async -> Void) async {
     await Task { await body() }.value
 }
+
+/// Runs `body` in a child task of its own (cancelled with the caller) and returns what it returns.
+///
+/// For the deep calls of a long-lived task (connecting, subscribing): a task keeps the memory its deepest chain of
+/// awaits needed until the task ends (Swift's task allocator keeps its slabs), so a device's session task, which
+/// lives as long as the device is streaming, would hold on to the ~10 KB of frames that connecting and subscribing
+/// once needed. In a child task that memory goes when the call returns.
+func inChildTask<T: Sendable>(_ body: @escaping @Sendable () async -> T) async -> T {
+    async let value = body()
+    return await value
+}

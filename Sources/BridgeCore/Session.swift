@@ -325,9 +325,17 @@ extension Bridge {
         defer { releaseSlot(adapter) }
         setSession(r, .connecting)
         let link: any BLELink
-        do {
-            link = try await central.connect(address, adapter: adapter, timeout: config.bluetooth.connectTimeout)
-        } catch {
+        let (central, timeout) = (self.central, config.bluetooth.connectTimeout)
+        let connected = await inChildTask { () async -> Result<any BLELink, BLEError> in
+            do throws(BLEError) {
+                return .success(try await central.connect(address, adapter: adapter, timeout: timeout))
+            } catch {
+                return .failure(error)
+            }
+        }
+        switch connected {
+        case .success(let l): link = l
+        case .failure(let error):
             if Task.isCancelled { return .success(.stopped) }
             return .failure(error)
         }
@@ -355,8 +363,15 @@ extension Bridge {
             while true {
                 do {
                     // Values are handled where they are read: no hop per notification.
-                    let values = try await link.notifications(c, deliver: { self.handleNotification(r, c, $0) })
-                    streams.append((c, values))
+                    let subscribed = await inChildTask { () async -> Result<BLENotificationStream, BLEError> in
+                        do throws(BLEError) {
+                            return .success(
+                                try await link.notifications(c, deliver: { self.handleNotification(r, c, $0) }))
+                        } catch {
+                            return .failure(error)
+                        }
+                    }
+                    streams.append((c, try subscribed.get()))
                     break
                 } catch {
                     if Task.isCancelled {

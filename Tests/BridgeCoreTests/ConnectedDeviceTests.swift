@@ -56,6 +56,8 @@ struct Strap {
             try await eventually("connected") { !h.central.links(to: strap).isEmpty }
             #expect(h.central.attempts == [FakeCentral.Attempt(address: strap, adapter: "hci0")])
             let link = try #require(h.central.links(to: strap).last)
+            // A notification before the subscription would be dropped (as by bluetoothd): wait for it.
+            try await eventually("subscribed") { link.subscriptions.contains(Strap.heartRate) }
             link.notify(Strap.heartRate, [0x00, 0x48])
             let state = try await h.mqtt.waitForJSON(on: "blebridge/chest_strap") { $0["heart_rate_bpm"] != nil }
             #expect(state["heart_rate_bpm"] == .int(72))
