@@ -683,6 +683,7 @@ public final class Bridge: Sendable {
             let passive = all.filter { $0.config.mode == .passive }.map(\.id)
             apply(g.evaluate(served, passive: passive, wall: clock.wallClock))
         }
+        watchStreams()
         for r in records {
             let (mode, online, lastAdvert, interval) = r.data.withLock { d in
                 (r.config.mode, d.online, d.lastAdvert, d.advertInterval)

@@ -65,6 +65,9 @@ struct DeviceData {
     var userDisconnected = false
     /// Multi-gateway mode: another gateway serves the device now (its id); the session disconnects and waits.
     var handOverTo: String?
+    /// While the device streams: where the bridge's once-a-second tick reports a hand-over or a silent subscription
+    /// (one tick for every device, not a timer task each).
+    var streamWatch: StreamWatch?
     /// Connected on this adapter by an earlier run, with no link of this process (`adoptConnected`).
     var leftConnectedOn: String?
     var adapter: String?

@@ -43,6 +43,16 @@ func pow2(_ e: Double) -> Double {
 }
 
 /// How a streaming session ended.
+/// What `Bridge.tick()` watches for a streaming session (see `DeviceData.streamWatch`).
+struct StreamWatch: Sendable {
+    /// Where the session waits for the first reason to end.
+    let ends: AsyncStream<StreamEnd>.Continuation
+    /// Whether a subscription going silent ends the stream (false with no subscriptions).
+    let silence: Bool
+    /// `silence_factor`: how many usual intervals without a notification count as silent.
+    let factor: Double
+}
+
 enum StreamEnd: Sendable {
     case linkLost(BLEDisconnection)
     case silent(BluetoothUUID, Double)
@@ -466,44 +476,52 @@ extension Bridge {
                     }
                 })
         }
+        // A hand-over or a silent subscription: told by the bridge's tick, once a second (`watchStreams`).
         if !streams.isEmpty || coordination != nil {
-            tasks.append(
-                Task {
-                    while !Task.isCancelled {
-                        do { try await self.clock.sleep(for: .seconds(1)) } catch { return }
-                        if let to = r.data.withLock({ $0.handOverTo }) {
-                            endsContinuation.yield(.handedOver(to))
-                            return
-                        }
-                        if !streams.isEmpty, let silent = self.silentCharacteristic(r, factor: factor) {
-                            endsContinuation.yield(.silent(silent.0, silent.1))
-                            return
-                        }
-                    }
-                })
+            let watch = StreamWatch(ends: endsContinuation, silence: !streams.isEmpty, factor: factor)
+            r.data.withLock { $0.streamWatch = watch }
         }
         var end: StreamEnd = .stopped
         for await first in ends {
             end = first
             break
         }
+        r.data.withLock { $0.streamWatch = nil }
         for t in tasks { t.cancel() }
         endsContinuation.finish()
         if Task.isCancelled { return .stopped }
         return end
     }
 
-    /// A characteristic whose notifications stopped for `factor` × its usual interval (at least 10 s), if any.
-    func silentCharacteristic(_ r: DeviceRecord, factor: Double) -> (BluetoothUUID, Double)? {
+    /// Part of the tick: ends the stream of each device that another gateway serves now, or whose subscription
+    /// went silent (each stream is told once).
+    func watchStreams() {
         let now = clock.now
-        return r.data.withLock { d -> (BluetoothUUID, Double)? in
-            for (uuid, last) in d.lastNotification {
-                guard let interval = d.notifyInterval[uuid] else { continue }
-                let silence = (now - last).seconds
-                if silence > max(10, interval * factor) { return (uuid, silence) }
+        for r in records {
+            let told = r.data.withLock { d -> (StreamWatch, StreamEnd)? in
+                guard let watch = d.streamWatch else { return nil }
+                if let to = d.handOverTo {
+                    d.streamWatch = nil
+                    return (watch, .handedOver(to))
+                }
+                if watch.silence, let silent = Self.silentCharacteristic(d, now: now, factor: watch.factor) {
+                    d.streamWatch = nil
+                    return (watch, .silent(silent.0, silent.1))
+                }
+                return nil
             }
-            return nil
+            if let (watch, end) = told { watch.ends.yield(end) }
         }
+    }
+
+    /// A characteristic whose notifications stopped for `factor` × its usual interval (at least 10 s), if any.
+    static func silentCharacteristic(_ d: DeviceData, now: Duration, factor: Double) -> (BluetoothUUID, Double)? {
+        for (uuid, last) in d.lastNotification {
+            guard let interval = d.notifyInterval[uuid] else { continue }
+            let silence = (now - last).seconds
+            if silence > max(10, interval * factor) { return (uuid, silence) }
+        }
+        return nil
     }
 
     func handleNotification(_ r: DeviceRecord, _ c: BLECharacteristic, _ value: [UInt8]) {
