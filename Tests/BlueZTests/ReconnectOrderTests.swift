@@ -51,7 +51,7 @@ import Testing
         let device = try await t.discover(strap)
         // Another client (bluetoothctl, bluetoothd's auto-connect) brings the link up first: ServicesResolved is
         // already true when we start, and no signal about it will come.
-        try await t.control.call(
+        _ = try await t.control.call(
             destination: "org.bluez", path: DBusObjectPath(stringLiteral: device.path), interface: "org.bluez.Device1",
             method: "Connect", timeout: .seconds(5))
         try await eventually(5, "resolved in the mirror") {
