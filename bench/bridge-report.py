@@ -39,6 +39,15 @@ def samples(path):
     return out
 
 
+def window_bounds(s, name, path):
+    """The measurement window's bounds; a clear error (not a KeyError) when bench/bridge-sub.c recorded none."""
+    if "window_start_ns" not in s or "window_end_ns" not in s:
+        sys.exit("bench/bridge-report.py: %s: no measurement window in %s (bench/bridge-sub.c did not get to "
+                 "measure: see its output and the bridge's log in the scenario's directory, KEEP=1 keeps them)"
+                 % (name, path))
+    return s["window_start_ns"], s["window_end_ns"]
+
+
 def records(paths, tag):
     out = []
     for p in paths:
@@ -78,8 +87,8 @@ def common(s, name, n, rate):
 
 def notify(name, n, rate, sample_path, record_paths):
     s = samples(sample_path)
+    ws, we = window_bounds(s, name, sample_path)
     row, window = common(s, name, n, rate)
-    ws, we = s["window_start_ns"], s["window_end_ns"]
     m = records(record_paths, "m")
     by_device = {}
     probe = []
@@ -131,8 +140,8 @@ def notify(name, n, rate, sample_path, record_paths):
 
 def passive(name, n, rate, sample_path, record_paths):
     s = samples(sample_path)
+    ws, we = window_bounds(s, name, sample_path)
     row, window = common(s, name, n, rate)
-    ws, we = s["window_start_ns"], s["window_end_ns"]
     d = records(record_paths, "d")
     m = records(record_paths, "m")
     signals = sum(1 for t, _, _ in d if ws <= t <= we)
