@@ -38,11 +38,21 @@ static _Atomic(unsigned char) silenced[TABLE_SIZE];
 static _Atomic(unsigned long long) dropped;
 static _Thread_local int silencing;
 static _Thread_local int silenced_last = -1;
+// The read end of the last socket pair made by this thread while capturing (mosquitto_io_capture_socketpair).
+static _Thread_local int capturing;
+static _Thread_local int captured_read = -1;
 
 int mosquitto_io_silence_socketpair(int on) {
     int last = silenced_last;
     silencing = on;
     if (on) silenced_last = -1;
+    return last;
+}
+
+int mosquitto_io_capture_socketpair(int on) {
+    int last = captured_read;
+    capturing = on;
+    if (on) captured_read = -1;
     return last;
 }
 
@@ -54,6 +64,10 @@ unsigned long long mosquitto_io_dropped_writes(void) { return atomic_load_explic
 
 int socketpair(int domain, int type, int protocol, int sv[2]) {
     int result = (int)syscall(SYS_socketpair, domain, type, protocol, sv);
+    if (result == 0 && capturing) {
+        captured_read = sv[0];
+        capturing = 0;  // one pair per request
+    }
     if (result == 0 && silencing && sv[1] >= 0 && sv[1] < TABLE_SIZE) {
         atomic_store_explicit(&silenced[sv[1]], 1, memory_order_release);
         silenced_last = sv[1];

@@ -188,7 +188,7 @@ final class ClientCore: Sendable {
     /// (`writeOut`). libmosquitto's threaded mode would wake the loop thread for every publish instead: a context
     /// switch per message. Reads and writes of one socket may run on two threads; libmosquitto serialises its
     /// writers with its own mutex. Under TLS one SSL object must not be read and written at once, so there the loop
-    /// thread does both (`mosquitto_loop`).
+    /// thread does both (`loopOnce`, woken by libmosquitto's socket pair for what other threads queue).
     private let writesFromCaller: Bool
     /// The loop thread, once it runs: it never writes from inside a callback (libmosquitto holds its callback
     /// mutex there, which the write path's "sent" callback takes again).
@@ -391,7 +391,7 @@ final class ClientCore: Sendable {
                     rc = serviceConnection(raw)
                 } else {
                     repeat {
-                        rc = mosquitto_loop(raw, 1000, 1)
+                        rc = loopOnce(raw, timeout: 1000)
                     } while rc == Mosquitto.success && !stopping
                 }
             }
@@ -417,7 +417,7 @@ final class ClientCore: Sendable {
         if mosquitto_disconnect(raw) == Mosquitto.success || mosquitto_socket(raw) >= 0 {
             var flushes = 0
             while mosquitto_socket(raw) >= 0 && flushes < 20 {
-                if mosquitto_loop(raw, 100, 1) != Mosquitto.success { break }
+                if loopOnce(raw, timeout: 100) != Mosquitto.success { break }
                 flushes += 1
             }
         }
@@ -491,6 +491,41 @@ final class ClientCore: Sendable {
             }
         }
         return Mosquitto.success
+    }
+
+    /// One turn of libmosquitto's `mosquitto_loop` (lib/loop.c), with poll(2) where it uses select(2): select
+    /// cannot watch a descriptor numbered 1,024 or more, and mosquitto_loop then fails with MOSQ_ERR_INVAL ("Invalid
+    /// function arguments provided"), which a process holding many descriptors (a test run, a bridge with many
+    /// devices) reaches. Waits up to `timeout` ms for the broker socket (readable, or writable when libmosquitto has
+    /// something to write) or the wake-up pair (a packet queued by another thread); reads (which also carries on a
+    /// TLS handshake, and so runs on any event, as libmosquitto's "always try to read" does), writes, and runs the
+    /// timers. Used under TLS, and for the last flush of any connection.
+    private func loopOnce(_ raw: OpaquePointer, timeout: Int32) -> Int32 {
+        let socket = mosquitto_socket(raw)
+        guard socket >= 0 else { return MOSQ_ERR_NO_CONN.rawValue }
+        let wake = handle.wakeUpRead
+        var fds = [
+            pollfd(fd: socket, events: Int16(POLLIN) | (mosquitto_want_write(raw) ? Int16(POLLOUT) : 0), revents: 0),
+            pollfd(fd: wake, events: Int16(POLLIN), revents: 0),
+        ]
+        let n = poll(&fds, wake >= 0 ? 2 : 1, timeout)
+        if n < 0 { return errno == EINTR ? Mosquitto.success : MOSQ_ERR_ERRNO.rawValue }
+        var write = fds[0].revents & Int16(POLLOUT) != 0
+        if fds[0].revents != 0 {
+            let rc = mosquitto_loop_read(raw, 1)
+            if rc != Mosquitto.success || mosquitto_socket(raw) < 0 { return rc }
+        }
+        if wake >= 0 && fds[1].revents != 0 {
+            var bytes = [UInt8](repeating: 0, count: 64)
+            _ = read(wake, &bytes, bytes.count)
+            // Something was queued after the poll began: try to write it now.
+            write = true
+        }
+        if write && mosquitto_socket(raw) >= 0 && mosquitto_want_write(raw) {
+            let rc = mosquitto_loop_write(raw, 1)
+            if rc != Mosquitto.success || mosquitto_socket(raw) < 0 { return rc }
+        }
+        return mosquitto_loop_misc(raw)
     }
 
     /// Holds (`true`) or sends (`false`) what is written to the broker socket: while held, the packets written are

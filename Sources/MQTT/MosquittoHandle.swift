@@ -12,21 +12,25 @@ internal import CMosquittoIO
 ///
 /// libmosquitto is used in its threaded mode (`mosquitto_threaded_set`): publish, subscribe and disconnect may be
 /// called from any thread while our own loop thread runs; the library serialises them with its own mutexes and,
-/// under TLS (`mosquitto_loop`), wakes the loop through its socket pair.
+/// under TLS, wakes the loop through its socket pair (`wakeUpRead`, polled by `ClientCore.loopOnce`).
 final class MosquittoHandle: @unchecked Sendable {
     let raw: OpaquePointer
 
     /// libmosquitto's wake-up socket (the write end of its socket pair) when its writes are dropped, else -1.
     let silencedWakeUp: Int32
+    /// The read end of libmosquitto's wake-up socket pair when its writes are kept (TLS: the loop polls it), else -1.
+    let wakeUpRead: Int32
 
     /// - Parameter silenceWakeUps: drop libmosquitto's wake-up writes (a byte to its socket pair for every packet
     ///   it queues, for a select(2) loop): true on plain TCP, where our loop never reads that pair.
     init(clientID: String?, cleanSession: Bool, silenceWakeUps: Bool = false) throws(MQTTError) {
         Mosquitto.initialise()
-        if silenceWakeUps { _ = mosquitto_io_silence_socketpair(1) }
+        if silenceWakeUps { _ = mosquitto_io_silence_socketpair(1) } else { _ = mosquitto_io_capture_socketpair(1) }
         let made = mosquitto_new(clientID, cleanSession, nil)
         let silenced = mosquitto_io_silence_socketpair(0)
+        let captured = mosquitto_io_capture_socketpair(0)
         silencedWakeUp = silenceWakeUps ? silenced : -1
+        wakeUpRead = silenceWakeUps ? -1 : captured
         guard let raw = made else {
             let code = errno
             throw MQTTError(

@@ -15,6 +15,11 @@
 //       at QoS Q as fast as the client takes them, prints "lost connection: <error>" when the connection goes and
 //       "reconnecting (attempt A)" at the next attempt, then disconnects, prints "stopped" and exits 0. Exits 1 when
 //       the connection is not lost within 20 s.
+//   bench-mqtt tls-roundtrip --port P --cafile FILE [--hold-descriptors N]
+//       Test helper (a process with many descriptors): opens N descriptors on /dev/null first, so that every socket
+//       the client makes is numbered N or more; connects over TLS (mqtts, the broker's certificate checked against
+//       FILE), subscribes, publishes at QoS 1 and waits for its own message. Prints "sockets from D" (the lowest
+//       socket descriptor the client made), then "round trip ok", and exits 0; exits 1 with the error otherwise.
 //
 // Like every program that uses the MQTT client, it ignores SIGPIPE first (MQTTProcess.ignoreBrokenPipe()).
 import MQTT
@@ -74,6 +79,44 @@ if CommandLine.arguments.dropFirst().first == "will-child" {
         try await client.connect()
         say("connected")
         while true { try await Task.sleep(for: .seconds(3600)) }
+    } catch {
+        fail("\(error)")
+    }
+}
+
+if CommandLine.arguments.dropFirst().first == "tls-roundtrip" {
+    let hold = Int(argument("--hold-descriptors", default: "0")) ?? 0
+    var held: [Int32] = []
+    while held.count < hold {
+        let fd = open("/dev/null", O_RDONLY)
+        guard fd >= 0 else { fail("cannot hold \(hold) descriptors: \(String(cString: strerror(errno)))") }
+        held.append(fd)
+    }
+    let configuration = MQTTConfiguration(
+        broker: MQTTBrokerURL(host: "127.0.0.1", port: port, usesTLS: true),
+        tls: MQTTTLSConfiguration(caFile: argument("--cafile", default: "")))
+    /// The socket descriptors the process holds (some may be inherited).
+    func sockets() -> Set<Int32> {
+        var out: Set<Int32> = []
+        for fd in Int32(0)..<Int32(hold + 256) {
+            var status = stat()
+            if fstat(fd, &status) == 0 && (status.st_mode & S_IFMT) == S_IFSOCK { out.insert(fd) }
+        }
+        return out
+    }
+    let before = sockets()
+    do {
+        let client = try MQTTClient(configuration: configuration)
+        try await client.connect()
+        // The lowest-numbered socket the client made (the broker connection, libmosquitto's wake-up pair).
+        say("sockets from \(sockets().subtracting(before).min() ?? -1)")
+        let messages = client.messages()
+        try await client.subscribe(to: "fd/+", qos: .atLeastOnce)
+        try await client.publish(to: "fd/a", payload: Array("high".utf8), qos: .atLeastOnce)
+        for await message in messages where message.payload == Array("high".utf8) { break }
+        await client.disconnect()
+        say("round trip ok")
+        exit(0)
     } catch {
         fail("\(error)")
     }

@@ -89,7 +89,7 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         #expect(device.uuids.contains("0000180d-0000-1000-8000-00805f9b34fb"))
         // The beacon advertises FEAA only: BlueZ's merged filter lets it through when another client scans without
         // a filter, and our side must still not report it. Another client's unfiltered scan:
-        try await t.control.call(
+        _ = try await t.control.call(
             destination: "org.bluez", path: "/org/bluez/hci0", interface: "org.bluez.Adapter1",
             method: "StartDiscovery")
         try await eventually(10, "the beacon in the mirror") { t.client.device(address: beacon) != nil }
@@ -105,7 +105,7 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
             return seen
         }
         #expect(!before.contains(beacon))
-        try await t.control.call(
+        _ = try await t.control.call(
             destination: "org.bluez", path: "/org/bluez/hci0", interface: "org.bluez.Adapter1",
             method: "StopDiscovery")
         await discovery.stop()

@@ -38,6 +38,29 @@ import Testing
         await client.disconnect()
     }
 
+    /// libmosquitto's own TLS loop (`mosquitto_loop`) watches the socket with select(2) and fails with
+    /// MOSQ_ERR_INVAL ("Invalid function arguments provided") once the socket is numbered 1,024 or more: in a process
+    /// holding that many descriptors (the parallel test run reached it) a TLS client never connected. The client
+    /// polls instead; a child process that holds 1,100 descriptors first must still make its round trip.
+    @Test func aClientWhoseSocketsAreNumberedPast1023StillWorks() async throws {
+        let certificates = try await TestCertificates(serverNames: ["IP:127.0.0.1"])
+        let broker = try await Self.tlsBroker(certificates)
+        let child = try ChildProcess(
+            executable: Fixtures.executable("bench-mqtt"),
+            arguments: [
+                "tls-roundtrip", "--port", "\(broker.port)", "--cafile", certificates.caCertificate,
+                "--hold-descriptors", "1100",
+            ])
+        let status = try await child.waitForExit(timeout: 30)
+        let output = child.stdout + child.stderr
+        #expect(status == 0, "\(output)")
+        // The sockets really were past select's limit, so the round trip went through the poll loop.
+        let lowest = output.split(separator: "\n").first { $0.hasPrefix("sockets from ") }
+            .flatMap { Int($0.dropFirst("sockets from ".count)) }
+        #expect((lowest ?? 0) >= 1024, "\(output)")
+        #expect(output.contains("round trip ok"), "\(output)")
+    }
+
     @Test func hostnameMismatchFailsUnlessVerificationIsOff() async throws {
         let certificates = try await TestCertificates(serverNames: ["DNS:broker.example"])
         let broker = try await Self.tlsBroker(certificates)

@@ -70,6 +70,12 @@ unsigned long long mosquitto_io_flushes(mosquitto_io_buffer *buffer);
 /// descriptor marked since the last call with `on` 1 (-1 for none).
 int mosquitto_io_silence_socketpair(int on);
 
+/// While `on` is 1, the next socketpair(2) made by the calling thread is recorded; returns the first (read)
+/// descriptor of the pair recorded since the last call with `on` 1 (-1 for none). For mosquitto_new under TLS: the
+/// client's own loop polls that descriptor (libmosquitto's wake-up for a packet queued by another thread) instead
+/// of running mosquitto_loop, whose select(2) cannot watch a descriptor numbered 1,024 or more.
+int mosquitto_io_capture_socketpair(int on);
+
 /// 1 when writes to `fd` are dropped (see `mosquitto_io_silence_socketpair`), else 0.
 int mosquitto_io_is_silenced(int fd);
 
