@@ -551,6 +551,17 @@ public final class BlueZDiscovery: Sendable {
             if let lost { continuation.yield(.lost(lost)) }
         case .interfacesRemoved(let path, let names, _) where names.contains(BlueZName.adapter) && path == current:
             adapterRemoved()
+        case .propertiesChanged(let path, BlueZName.adapter, let changed, _)
+        where path == current && changed["Powered"]?.bool == false:
+            // Powered off: the devices it dropped are gone, whatever our watchdog was doing. A restart that began
+            // between Discovering=false and Powered=false (the order bluetoothd, and the simulator, signal them in)
+            // held them as dropped by our own StopDiscovery; they are lost now, not 11 s later.
+            let flushed = state.withLock { s -> [BlueZDevice] in
+                let devices = s.held.values.map(\.device).sorted { $0.path < $1.path }
+                s.held = [:]
+                return devices
+            }
+            for d in flushed { continuation.yield(.lost(d)) }
         case .daemonLost(_, let busLost):
             loseAll()
             if busLost {

@@ -211,6 +211,31 @@ func bluezError(_ body: () async throws -> Void) async -> BlueZError? {
         await discovery.stop()
     }
 
+    /// Powering off drops the devices. When a watchdog restart had just run (here one every few hundred ms: duplicate
+    /// data on, and nothing advertises), the removals looked like our own StopDiscovery's, and the devices were held
+    /// back as "not lost" for the 11 s grace: the full test run once powered the adapter on again within that time and
+    /// never saw the beacon lost. Powered=false makes them lost at once.
+    @Test func devicesDroppedByAPowerOffAreLostAtOnceEvenDuringWatchdogRestarts() async throws {
+        let t = try await SimClient()
+        let adapter = try await t.adapter
+        let discovery = try await t.client.startDiscovery(
+            on: adapter, filter: BlueZDiscoveryFilter(duplicateData: true, watchdogInterval: .milliseconds(200)))
+        _ = try await firstEvent(discovery, timeout: 10) { $0.device.address == beacon ? true : nil }
+        for address in [strap, beacon] {
+            _ = try await t.simulator("SetAdvertisement", [.string(address), .string("{advertising: false}")])
+        }
+        try await eventually(10, "restarts for the silence") { discovery.restartCount >= 2 }
+        try await t.client.setPowered(false, adapter: adapter)
+        let lost = try await within(4, "the beacon lost (not held for the 11 s grace)") {
+            for await event in discovery.events where event.device.address == beacon {
+                if case .lost = event { return true }
+            }
+            return false
+        }
+        #expect(lost)
+        await discovery.stop()
+    }
+
     @Test func lostWhenTheDeviceLeavesTheTree() async throws {
         let t = try await SimClient()
         let discovery = try await t.client.startDiscovery(
