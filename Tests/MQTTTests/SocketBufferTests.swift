@@ -277,11 +277,18 @@ private final class SocketPair {
     func acknowledgementsOfABurstAreReadTogether(version: MQTTProtocolVersion) async throws {
         let count = 40
         let isV5 = version == .v5
+        // The client's socket buffers, once it exists: the broker sends the next piece of the CONNACK only after
+        // the client read the last one (a fixed pause between pieces was not enough on a loaded machine, where the
+        // loop thread could wake after several of them had come and read them with one recv).
+        let reader = Mutex<MosquittoSocketBuffers?>(nil)
+        let fills: @Sendable () -> UInt64 = { reader.withLock { $0?.counts.fills } ?? 0 }
         let broker = try ScriptedBroker { peer in
             guard peer.readPacket()?.type == 1 else { return }
             for byte in WirePacket.connack(isV5: isV5) {
+                let before = fills()
                 guard peer.send([byte]) else { return }
-                usleep(2_000)
+                let deadline = ContinuousClock.now + .seconds(5)
+                while fills() == before && ContinuousClock.now < deadline { usleep(500) }
             }
             var ids: [UInt16] = []
             while ids.count < count, let packets = peer.readPackets() {
@@ -293,7 +300,9 @@ private final class SocketPair {
         var config = MQTTConfiguration(
             broker: MQTTBrokerURL(host: "127.0.0.1", port: broker.port), protocolVersion: version)
         config.maxInflightMessages = count
-        let client = try await connectedClient(config)
+        let client = try MQTTClient(configuration: config)
+        reader.withLock { $0 = client.core.buffers }
+        try await within(10, "connect to \(config.broker)") { try await client.connect() }
         let fillsAfterConnect = client.core.buffers.counts.fills
         #expect(fillsAfterConnect >= 2, "the CONNACK came in pieces, each read when it came")
         var deliveries: [MQTTDelivery] = []
