@@ -274,7 +274,14 @@ def test_state_published_while_the_broker_is_down_arrives_after(broker, demo_sim
                     n += 1
             return n >= 2
 
-        sub.wait(made_while_down, timeout=30, what="readings made while the broker was down")
+        try:
+            sub.wait(made_while_down, timeout=30, what="readings made while the broker was down")
+        except AssertionError as e:
+            # Say what did arrive, so that a failure shows whether the readings were not made, not sent or late.
+            import datetime
+            window = [datetime.datetime.fromtimestamp(x, datetime.timezone.utc).isoformat() for x in (down_at, up_at)]
+            raise AssertionError(f"{e}; broker down {window[0]} to {window[1]}; last_seen of the states received: "
+                                 f"{stamps(list(sub.messages))}") from None
         assert bridge.proc.poll() is None, "the bridge survived the broker going away"
     finally:
         bridge.close()
