@@ -26,20 +26,11 @@ final class NotifySocketReader: Sendable {
         var wakeRead: Int32 = -1
         var wakeWrite: Int32 = -1
         var started = false
-        var observers: [Int: BlueZNotificationRounds.Observer] = [:]
-        var nextObserver = 0
     }
     private let state = Mutex(State())
 
-    func addObserver(_ observer: BlueZNotificationRounds.Observer) -> Int {
-        state.withLock { s in
-            s.nextObserver += 1
-            s.observers[s.nextObserver] = observer
-            return s.nextObserver
-        }
-    }
-
-    func removeObserver(_ id: Int) { _ = state.withLock { $0.observers.removeValue(forKey: id) } }
+    /// Who hears of the rounds under load (`BlueZNotificationRounds`).
+    let observers = RoundObservers()
 
     private init() {}
 
@@ -156,18 +147,18 @@ final class NotifySocketReader: Sendable {
             // Under load (woken again within two gathering intervals) the round is a gathering one: observers hear of it
             // around it.
             let busy = wake &- lastWake < 2 * Self.gatherNanoseconds
-            let observers = busy ? state.withLock { Array($0.observers.values) } : []
-            for o in observers { o.begin() }
-            for index in 0..<Int(n) {
-                let fd = events[index].data.fd
-                if fd == wakeRead {
-                    while read(wakeRead, &buffer, buffer.count) == buffer.count {}
-                    continue
+            let round = {
+                for index in 0..<Int(n) {
+                    let fd = events[index].data.fd
+                    if fd == wakeRead {
+                        while read(wakeRead, &buffer, buffer.count) == buffer.count {}
+                        continue
+                    }
+                    // A descriptor removed in this round is no longer looked up (its handler is gone).
+                    if let handler = self.state.withLock({ $0.handlers[fd] }) { handler() }
                 }
-                // A descriptor removed in this round is no longer looked up (its handler is gone).
-                if let handler = state.withLock({ $0.handlers[fd] }) { handler() }
             }
-            for o in observers { o.end() }
+            if busy { observers.around(round) } else { round() }
             // Under load, gather for the rest of the interval before the next round, so that one wake-up serves
             // every notification of that interval instead of one each (at 5,000/s, 10 per round). It adds at most
             // the interval (2 ms) to a notification's way; at low rates nothing waits. Measured with
@@ -197,10 +188,10 @@ public enum BlueZNotificationRounds {
     public typealias Observer = DBusDispatchRounds.Observer
 
     /// Registers an observer; the returned token removes it.
-    public static func observe(_ observer: Observer) -> Int { NotifySocketReader.shared.addObserver(observer) }
+    public static func observe(_ observer: Observer) -> Int { NotifySocketReader.shared.observers.add(observer) }
 
     /// Removes an observer registered with `observe`.
-    public static func stopObserving(_ token: Int) { NotifySocketReader.shared.removeObserver(token) }
+    public static func stopObserving(_ token: Int) { NotifySocketReader.shared.observers.remove(token) }
 }
 
 /// Names the calling thread (as shown in /proc and by ps/top; at most 15 bytes). Glibc declares

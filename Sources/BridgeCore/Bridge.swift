@@ -869,7 +869,10 @@ func uncancelled(_ body: @escaping @Sendable () async -> Void) async {
 /// awaits needed until the task ends (Swift's task allocator keeps its slabs), so a device's session task, which
 /// lives as long as the device is streaming, would hold on to the ~10 KB of frames that connecting and subscribing
 /// once needed. In a child task that memory goes when the call returns.
-func inChildTask<T: Sendable>(_ body: @escaping @Sendable () async -> T) async -> T {
-    async let value = body()
-    return await value
+func inChildTask<T: Sendable, E: Error>(_ body: @escaping @Sendable () async throws(E) -> T) async throws(E) -> T {
+    // `async let` rethrows untyped: the error travels as a value.
+    async let result: Result<T, E> = {
+        do throws(E) { return .success(try await body()) } catch { return .failure(error) }
+    }()
+    return try await result.get()
 }

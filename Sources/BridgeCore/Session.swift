@@ -42,7 +42,6 @@ func pow2(_ e: Double) -> Double {
     return v
 }
 
-/// How a streaming session ended.
 /// What `Bridge.tick()` watches for a streaming session (see `DeviceData.streamWatch`).
 struct StreamWatch: Sendable {
     /// Where the session waits for the first reason to end.
@@ -53,6 +52,7 @@ struct StreamWatch: Sendable {
     let factor: Double
 }
 
+/// How a streaming session ended.
 enum StreamEnd: Sendable {
     case linkLost(BLEDisconnection)
     case silent(BluetoothUUID, Double)
@@ -336,16 +336,11 @@ extension Bridge {
         setSession(r, .connecting)
         let link: any BLELink
         let (central, timeout) = (self.central, config.bluetooth.connectTimeout)
-        let connected = await inChildTask { () async -> Result<any BLELink, BLEError> in
-            do throws(BLEError) {
-                return .success(try await central.connect(address, adapter: adapter, timeout: timeout))
-            } catch {
-                return .failure(error)
+        do {
+            link = try await inChildTask { () async throws(BLEError) -> any BLELink in
+                try await central.connect(address, adapter: adapter, timeout: timeout)
             }
-        }
-        switch connected {
-        case .success(let l): link = l
-        case .failure(let error):
+        } catch {
             if Task.isCancelled { return .success(.stopped) }
             return .failure(error)
         }
@@ -373,15 +368,10 @@ extension Bridge {
             while true {
                 do {
                     // Values are handled where they are read: no hop per notification.
-                    let subscribed = await inChildTask { () async -> Result<BLENotificationStream, BLEError> in
-                        do throws(BLEError) {
-                            return .success(
-                                try await link.notifications(c, deliver: { self.handleNotification(r, c, $0) }))
-                        } catch {
-                            return .failure(error)
-                        }
+                    let values = try await inChildTask { () async throws(BLEError) -> BLENotificationStream in
+                        try await link.notifications(c, deliver: { self.handleNotification(r, c, $0) })
                     }
-                    streams.append((c, try subscribed.get()))
+                    streams.append((c, values))
                     break
                 } catch {
                     if Task.isCancelled {

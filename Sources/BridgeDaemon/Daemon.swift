@@ -34,11 +34,11 @@ struct Daemon {
         }
         // A round of notifications under load, and the signals libdbus read in one go (advertisements), leave for
         // the broker together: their publishes are held and sent with one write.
-        let rounds = BlueZNotificationRounds.observe(
-            .init(begin: { transport.holdWrites() }, end: { transport.releaseWrites() }))
+        let holding = BlueZNotificationRounds.Observer(
+            begin: { transport.holdWrites() }, end: { transport.releaseWrites() })
+        let rounds = BlueZNotificationRounds.observe(holding)
         defer { BlueZNotificationRounds.stopObserving(rounds) }
-        let signalRounds = BlueZSignalRounds.observe(
-            .init(begin: { transport.holdWrites() }, end: { transport.releaseWrites() }))
+        let signalRounds = BlueZSignalRounds.observe(holding)
         defer { BlueZSignalRounds.stopObserving(signalRounds) }
         let path = configPath
         if let stateDirectory { mkdir(stateDirectory, 0o700) }

@@ -448,13 +448,10 @@ final class ConnectionCore: @unchecked Sendable {
         if drainQueue() { return .stopped }
         // What libdbus read in one go (several signals under load) is dispatched as one round: observers hear of it
         // around it (the bridge sends the round's MQTT publishes with one write).
-        if DBusDispatchRounds.isObserved
+        if DBusDispatchRounds.observers.isObserved
             && dbus_connection_get_dispatch_status(connection) == DBUS_DISPATCH_DATA_REMAINS
         {
-            let observers = DBusDispatchRounds.current()
-            for o in observers { o.begin() }
-            dispatchAll()
-            for o in observers { o.end() }
+            DBusDispatchRounds.observers.around { dispatchAll() }
         } else {
             dispatchAll()
         }
@@ -981,11 +978,12 @@ private func nameCurrentThread(_ name: String) {
     _ = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
 }
 
-/// Rounds of dispatch on the D-Bus I/O thread: each time a connection dispatches what libdbus read (one message or
-/// several), observers hear `begin` before and `end` after, on that thread, so that what the handlers do per message
-/// can be batched per round. Both must be quick and must not block.
-public enum DBusDispatchRounds {
-    /// Called around each round.
+/// Observers of rounds of work on one thread (D-Bus dispatch here, notification delivery in the BlueZ layer): each
+/// hears `begin` before and `end` after a round, on that thread, so that what is done per message can be batched per
+/// round. Adding and removing are rare; `around` is on the hot path and neither allocates nor takes more than one
+/// uncontended lock (none when nobody observes).
+public final class RoundObservers: Sendable {
+    /// Called around each round; both must be quick and must not block.
     public struct Observer: Sendable {
         /// Called before each round.
         public let begin: @Sendable () -> Void
@@ -999,30 +997,62 @@ public enum DBusDispatchRounds {
         }
     }
 
-    private static let observers = Mutex<[Int: Observer]>([:])
-    private static let nextToken = Atomic<Int>(0)
-    private static let count = Atomic<Int>(0)
+    private struct Registry {
+        var byToken: [Int: Observer] = [:]
+        /// `byToken`'s observers, rebuilt when one comes or goes: a round reads it without copying.
+        var list: [Observer] = []
+        var nextToken = 0
+    }
+    private let registry = Mutex(Registry())
+    private let count = Atomic<Int>(0)
+
+    public init() {}
 
     /// Registers an observer; the returned token removes it.
-    public static func observe(_ observer: Observer) -> Int {
-        let token = nextToken.add(1, ordering: .relaxed).newValue
-        observers.withLock { list in
-            list[token] = observer
-            count.store(list.count, ordering: .releasing)
+    public func add(_ observer: Observer) -> Int {
+        registry.withLock { r in
+            r.nextToken += 1
+            r.byToken[r.nextToken] = observer
+            r.list = Array(r.byToken.values)
+            count.store(r.list.count, ordering: .releasing)
+            return r.nextToken
         }
-        return token
     }
+
+    /// Removes the observer `add` returned `token` for.
+    public func remove(_ token: Int) {
+        registry.withLock { r in
+            guard r.byToken.removeValue(forKey: token) != nil else { return }
+            r.list = Array(r.byToken.values)
+            count.store(r.list.count, ordering: .releasing)
+        }
+    }
+
+    /// True when anybody observes (one atomic load).
+    public var isObserved: Bool { count.load(ordering: .acquiring) > 0 }
+
+    /// Runs `round` between the observers' `begin` and `end` (just `round` when nobody observes).
+    public func around<T>(_ round: () -> T) -> T {
+        guard isObserved else { return round() }
+        let observers = registry.withLock { $0.list }
+        for o in observers { o.begin() }
+        defer { for o in observers { o.end() } }
+        return round()
+    }
+}
+
+/// Rounds of dispatch on the D-Bus I/O thread: each time a connection dispatches what libdbus read in one go
+/// (several signals under load), observers hear `begin` before and `end` after, on that thread, so that what the
+/// handlers do per message can be batched per round. Both must be quick and must not block.
+public enum DBusDispatchRounds {
+    /// Called around each round.
+    public typealias Observer = RoundObservers.Observer
+
+    static let observers = RoundObservers()
+
+    /// Registers an observer; the returned token removes it.
+    public static func observe(_ observer: Observer) -> Int { observers.add(observer) }
 
     /// Removes the observer `observe` returned `token` for.
-    public static func stopObserving(_ token: Int) {
-        observers.withLock { list in
-            list.removeValue(forKey: token)
-            count.store(list.count, ordering: .releasing)
-        }
-    }
-
-    /// True when anybody observes (a round without observers costs one atomic load).
-    static var isObserved: Bool { count.load(ordering: .acquiring) > 0 }
-
-    static func current() -> [Observer] { observers.withLock { Array($0.values) } }
+    public static func stopObserving(_ token: Int) { observers.remove(token) }
 }

@@ -504,20 +504,23 @@ final class ClientCore: Sendable {
         let socket = mosquitto_socket(raw)
         guard socket >= 0 else { return MOSQ_ERR_NO_CONN.rawValue }
         let wake = handle.wakeUpRead
-        var fds = [
+        // A tuple, not an array: nothing allocated per turn (the layout is that of `struct pollfd[2]`).
+        var fds = (
             pollfd(fd: socket, events: Int16(POLLIN) | (mosquitto_want_write(raw) ? Int16(POLLOUT) : 0), revents: 0),
-            pollfd(fd: wake, events: Int16(POLLIN), revents: 0),
-        ]
-        let n = poll(&fds, wake >= 0 ? 2 : 1, timeout)
+            pollfd(fd: wake, events: Int16(POLLIN), revents: 0)
+        )
+        let n = withUnsafeMutableBytes(of: &fds) {
+            poll($0.baseAddress!.assumingMemoryBound(to: pollfd.self), wake >= 0 ? 2 : 1, timeout)
+        }
         if n < 0 { return errno == EINTR ? Mosquitto.success : MOSQ_ERR_ERRNO.rawValue }
-        var write = fds[0].revents & Int16(POLLOUT) != 0
-        if fds[0].revents != 0 {
+        var write = fds.0.revents & Int16(POLLOUT) != 0
+        if fds.0.revents != 0 {
             let rc = mosquitto_loop_read(raw, 1)
             if rc != Mosquitto.success || mosquitto_socket(raw) < 0 { return rc }
         }
-        if wake >= 0 && fds[1].revents != 0 {
-            var bytes = [UInt8](repeating: 0, count: 64)
-            _ = read(wake, &bytes, bytes.count)
+        if wake >= 0 && fds.1.revents != 0 {
+            var bytes: UInt64 = 0
+            _ = read(wake, &bytes, MemoryLayout<UInt64>.size)
             // Something was queued after the poll began: try to write it now.
             write = true
         }
