@@ -67,7 +67,7 @@ public final class MQTTBrokerTransport: MQTTTransport {
         if isV5, let c = message.correlationData { properties.correlationData = c }
         let qos: MQTTQoS = message.qos >= 2 ? .exactlyOnce : (message.qos == 1 ? .atLeastOnce : .atMostOnce)
         do {
-            try client.send(
+            try client.post(
                 MQTTOutgoingMessage(
                     topic: message.topic, payload: message.payload, qos: qos, retain: message.retain,
                     properties: properties))

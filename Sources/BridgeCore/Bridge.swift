@@ -787,7 +787,7 @@ public final class Bridge: Sendable {
         let retain = r.config.retain ?? defaultRetain
         let qos = r.config.qos >= 0 ? r.config.qos : defaultQoS
         if r.config.output != .attribute {
-            publish(t.state(r.id), r.stateJSON(), qos: qos, retain: retain)
+            publish(r.stateTopic(t), r.stateJSON(), qos: qos, retain: retain)
         }
         if r.config.output != .json {
             let fields = r.data.withLock { $0.fields }

@@ -75,6 +75,8 @@ struct DeviceData {
     var lastFailure: BLEError.Kind?
     /// Commands for this device run one after the other, in the order they arrived.
     var commandTail: Task<Void, Never>?
+    /// The state topic and the base topic it was made under (built once, not per published state).
+    var stateTopic: (base: String, topic: String)?
 }
 
 /// A device: its configuration and its data behind a lock. Safe from any task.
@@ -148,6 +150,16 @@ final class DeviceRecord: Sendable {
     }
 
     var address: BLEAddress? { data.withLock { $0.address } }
+
+    /// `topics.state(id)`, made again only when the base topic changed (a reload).
+    func stateTopic(_ topics: BridgeTopics) -> String {
+        data.withLock { d in
+            if let cached = d.stateTopic, cached.base == topics.base { return cached.topic }
+            let topic = topics.state(id)
+            d.stateTopic = (topics.base, topic)
+            return topic
+        }
+    }
 
     /// Wakes a session waiting out a backoff.
     func wakeSession() {

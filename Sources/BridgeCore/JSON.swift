@@ -3,8 +3,9 @@
 import GATT
 import Logging
 
-/// A JSON value; objects keep their key order.
-public indirect enum JSONValue: Sendable, Equatable {
+/// A JSON value; objects keep their key order. Not `indirect`: arrays and objects already live in heap storage, and
+/// boxing every scalar cost an allocation per field of every published state.
+public enum JSONValue: Sendable, Equatable {
     /// `null`
     case null
     /// `true` / `false`

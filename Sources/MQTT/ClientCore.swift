@@ -26,7 +26,8 @@ import Synchronization
 /// A publish waiting in the offline queue.
 struct QueuedPublish: Sendable {
     let message: MQTTOutgoingMessage
-    let completion: Completion<Void>
+    /// Nil for a message nobody waits for (`MQTTClient.post`): one allocation less per publish.
+    let completion: Completion<Void>?
 }
 
 /// A FIFO with cheap removal of the oldest QoS 0 element (slots are nil'ed, the head skips them). Every operation
@@ -121,7 +122,7 @@ struct CoreState {
         var active: Bool
     }
     struct PendingAck {
-        let completion: Completion<Void>
+        let completion: Completion<Void>?
         let topic: String
     }
     struct SubscribeRequest {
@@ -583,7 +584,7 @@ final class ClientCore: Sendable {
             state.connection = .stopped
             state.statistics.queued = 0
             let queued = state.queue.removeAll()
-            let acks = state.publishWaiters.values.map(\.completion)
+            let acks = state.publishWaiters.values.compactMap(\.completion)
             let subscribes = state.subscribeRequests.values.compactMap(\.completion)
             let unsubscribes = Array(state.unsubscribeWaiters.values)
             state.publishWaiters = [:]
@@ -592,7 +593,7 @@ final class ClientCore: Sendable {
             state.inflight = 0
             return (queued, acks, subscribes, unsubscribes)
         }
-        for item in queued { item.completion.complete(.failure(shutDown)) }
+        for item in queued { item.completion?.complete(.failure(shutDown)) }
         for ack in acks { ack.complete(.failure(shutDown)) }
         for subscribe in subscribes { subscribe.complete(.failure(shutDown)) }
         for unsubscribe in unsubscribes { unsubscribe.complete(.failure(shutDown)) }
@@ -607,16 +608,18 @@ final class ClientCore: Sendable {
 
     /// Sends or queues `message`; the returned completion ends when it is acknowledged (QoS 1/2) or handed to
     /// libmosquitto (QoS 0), or fails.
-    func send(_ message: MQTTOutgoingMessage) throws(MQTTError) -> Completion<Void> {
-        let operation = "publish to \(message.topic)"
+    /// Publishes or queues `message`; `completion` (nil when nobody waits) hears how it ended.
+    func send(_ message: MQTTOutgoingMessage, completion: Completion<Void>?) throws(MQTTError) {
+        // Built only for an error: this is the path of every publish.
+        func operation() -> String { "publish to \(message.topic)" }
         try MQTTTopic.validateName(message.topic)
         guard message.payload.count <= 268_435_455 else {
-            throw Mosquitto.error(MOSQ_ERR_PAYLOAD_SIZE.rawValue, operation, extra: "\(message.payload.count) bytes")
+            throw Mosquitto.error(MOSQ_ERR_PAYLOAD_SIZE.rawValue, operation(), extra: "\(message.payload.count) bytes")
         }
         if !isV5 && !message.properties.isEmpty {
-            throw MQTTError(.invalidConfiguration, operation: operation, detail: "properties need MQTT 5")
+            throw MQTTError(.invalidConfiguration, operation: operation(), detail: "properties need MQTT 5")
         }
-        let item = QueuedPublish(message: message, completion: Completion<Void>())
+        let item = QueuedPublish(message: message, completion: completion)
         enum Decision {
             case sendNow
             case queued(dropped: QueuedPublish?)
@@ -647,7 +650,7 @@ final class ClientCore: Sendable {
         }
         switch decision {
         case .rejected:
-            throw MQTTError(.shutDown, operation: operation, detail: "the client was shut down")
+            throw MQTTError(.shutDown, operation: operation(), detail: "the client was shut down")
         case .sendNow:
             switch transmit(item) {
             case .sent:
@@ -659,7 +662,7 @@ final class ClientCore: Sendable {
             }
         case .queued(let dropped):
             if let dropped {
-                dropped.completion.complete(
+                dropped.completion?.complete(
                     .failure(
                         MQTTError(
                             .dropped, operation: "publish to \(dropped.message.topic)",
@@ -667,7 +670,6 @@ final class ClientCore: Sendable {
             }
             drainIfNeeded()
         }
-        return item.completion
     }
 
     private enum TransmitOutcome {
@@ -690,7 +692,7 @@ final class ClientCore: Sendable {
                 let error = Mosquitto.error(
                     MOSQ_ERR_OVERSIZE_PACKET.rawValue, "publish to \(message.topic)",
                     extra: "a \(size)-byte packet; the broker accepts at most \(maximum) bytes")
-                item.completion.complete(.failure(error))
+                item.completion?.complete(.failure(error))
                 return .failed(error)
             }
         }
@@ -702,7 +704,7 @@ final class ClientCore: Sendable {
                 properties = try MosquittoProperties.publish(message.properties, "publish to \(message.topic)")
             } catch {
                 releaseSlot(message.qos)
-                item.completion.complete(.failure(error))
+                item.completion?.complete(.failure(error))
                 return .failed(error)
             }
         }
@@ -713,10 +715,13 @@ final class ClientCore: Sendable {
             rc == Mosquitto.success || (rc == MOSQ_ERR_NO_CONN.rawValue && message.qos != .atMostOnce)
         }
         rc = handoff.withLock { _ in
-            let rc = message.payload.withUnsafeBytes { bytes in
-                mosquitto_publish_v5(
-                    handle.raw, &mid, message.topic, Int32(bytes.count), bytes.baseAddress,
-                    Int32(message.qos.rawValue), message.retain, properties?.list)
+            // withCString: a native string's own bytes; passing the String for the pointer copies it into an array.
+            let rc = message.topic.withCString { topic in
+                message.payload.withUnsafeBytes { bytes in
+                    mosquitto_publish_v5(
+                        handle.raw, &mid, topic, Int32(bytes.count), bytes.baseAddress,
+                        Int32(message.qos.rawValue), message.retain, properties?.list)
+                }
             }
             if keptByLibrary(rc) { register(mid: mid, item: item) }
             return rc
@@ -724,13 +729,13 @@ final class ClientCore: Sendable {
         withExtendedLifetime(properties) {}
         if rc == Mosquitto.success { writeOut() }
         if keptByLibrary(rc) {
-            if message.qos == .atMostOnce { item.completion.complete(.success(())) }
+            if message.qos == .atMostOnce { item.completion?.complete(.success(())) }
             return .sent
         }
         releaseSlot(message.qos)
         if rc == MOSQ_ERR_NO_CONN.rawValue { return .notConnected }
         let error = Mosquitto.error(rc, "publish to \(message.topic)", extra: "\(message.payload.count) bytes payload")
-        item.completion.complete(.failure(error))
+        item.completion?.complete(.failure(error))
         return .failed(error)
     }
 
@@ -1059,7 +1064,7 @@ final class ClientCore: Sendable {
             }
         }
         guard let waiter else { return }
-        waiter.completion.complete(publishResult(reason, topic: waiter.topic))
+        waiter.completion?.complete(publishResult(reason, topic: waiter.topic))
         drainIfNeeded()
     }
 

@@ -128,7 +128,17 @@ public final class MQTTClient: Sendable {
     ///   packet over the broker's maximum packet size (MQTT 5), or a shut-down client.
     @discardableResult
     public func send(_ message: MQTTOutgoingMessage) throws(MQTTError) -> MQTTDelivery {
-        MQTTDelivery(completion: try core.send(message), topic: message.topic)
+        let completion = Completion<Void>()
+        try core.send(message, completion: completion)
+        return MQTTDelivery(completion: completion, topic: message.topic)
+    }
+
+    /// Publishes without waiting and without a delivery to wait for (`send(_:)` when its outcome is of no interest:
+    /// the queue, the in-flight window and the statistics are the same, and nothing is allocated to report it).
+    ///
+    /// - Throws: `MQTTError`: see `send(_:)`.
+    public func post(_ message: MQTTOutgoingMessage) throws(MQTTError) {
+        try core.send(message, completion: nil)
     }
 
     /// Publishes and waits: for QoS 1 and 2 until the broker acknowledged, for QoS 0 until handed to libmosquitto

@@ -61,6 +61,44 @@ import Testing
         await subscriber.disconnect()
     }
 
+    /// post(_:) (publish with no delivery to wait for) sends at once when connected, queues while the broker is away,
+    /// and counts like send(_:): every QoS 1 message arrives once, in order, and is acknowledged.
+    @Test func postedMessagesAreQueuedSentOnceAndAcknowledged() async throws {
+        let broker = try await MosquittoBroker.start()
+        let subscriber = try await connectedClient(configuration(broker))
+        let messages = subscriber.messages(matching: "post/#")
+        _ = try await subscriber.subscribe(to: "post/#", qos: .atLeastOnce)
+        var settings = configuration(broker)
+        settings.reconnect = MQTTReconnectPolicy(initialDelay: .milliseconds(20), maximumDelay: .milliseconds(100))
+        let publisher = try await connectedClient(settings)
+        for index in 0..<10 {
+            try publisher.post(MQTTOutgoingMessage(topic: "post/a", payload: [UInt8(index)], qos: .atLeastOnce))
+        }
+        #expect(try await messages.first(10).map { Int($0.payload[0]) } == Array(0..<10))
+        try await within(10, "the first ten acknowledged") {
+            while publisher.statistics.acknowledged < 10 { try await Task.sleep(for: .milliseconds(10)) }
+        }
+
+        await broker.stop()
+        try await publisher.waitForState("publisher lost the broker") {
+            if case .waitingToReconnect = $0 { return true } else { return false }
+        }
+        for index in 10..<20 {
+            try publisher.post(MQTTOutgoingMessage(topic: "post/a", payload: [UInt8(index)], qos: .atLeastOnce))
+        }
+        #expect(publisher.statistics.queued == 10)
+        try await broker.restart()
+        try await subscriber.waitForState("subscriber back") { $0.isConnected }
+        _ = try await subscriber.subscribe(to: "post/#", qos: .atLeastOnce)
+        try await within(10, "the queued ten acknowledged") {
+            while publisher.statistics.acknowledged < 20 { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        let stats = publisher.statistics
+        #expect(stats.published == 20 && stats.acknowledged == 20 && stats.queued == 0)
+        await publisher.disconnect()
+        await subscriber.disconnect()
+    }
+
     @Test func subscriptionGrantsAndFiltersStreams() async throws {
         let broker = try await MosquittoBroker.start()
         let client = try await connectedClient(configuration(broker))
