@@ -85,7 +85,7 @@ struct BlueZObjectTree: Sendable {
     /// Each `Device1` as a value, kept up to date field by field: a signal that changed one property (an
     /// advertisement's RSSI or data) rebuilds that field, not the whole device. With it, the advertisement fields
     /// updated in place since they were last written to `storage` (one lookup of the path serves both).
-    private var deviceValues: [String: DeviceSlot] = [:]
+    private var deviceValues: [ObjectPathKey: DeviceSlot] = [:]
 
     private struct DeviceSlot: Sendable {
         var device: BlueZDevice
@@ -124,12 +124,12 @@ struct BlueZObjectTree: Sendable {
             let value = BlueZDevice(path: path, properties: device)
             address = value.address
             // The object was settled before this change (every change settles first), so nothing is ahead.
-            if deviceValues.updateValue(DeviceSlot(device: value), forKey: path)?.ahead.isEmpty == false {
+            if deviceValues.updateValue(DeviceSlot(device: value), forKey: ObjectPathKey(path))?.ahead.isEmpty == false {
                 slotsAhead -= 1
             }
         } else {
             devicePaths.remove(path)
-            if deviceValues.removeValue(forKey: path)?.ahead.isEmpty == false { slotsAhead -= 1 }
+            if deviceValues.removeValue(forKey: ObjectPathKey(path))?.ahead.isEmpty == false { slotsAhead -= 1 }
             address = nil
         }
         let old = deviceAddresses[path]
@@ -217,7 +217,7 @@ struct BlueZObjectTree: Sendable {
                 if changed["Address"] != nil || invalidated.contains("Address") {
                     reindex(path)
                 } else if let properties = storage.values[at][interface] {
-                    deviceValues[path]?.device.refresh(changed.keys, invalidated, from: properties)
+                    deviceValues[ObjectPathKey(path)]?.device.refresh(changed.keys, invalidated, from: properties)
                 }
             }
             return .propertiesChanged(path: path, interface: interface, changed: changed, invalidated: invalidated)
@@ -242,7 +242,11 @@ struct BlueZObjectTree: Sendable {
         var arguments = signal.arguments()
         guard arguments.string(equals: BlueZName.device), var changed = arguments.enter(),
             let invalidated = arguments.enter(), invalidated.isAtEnd, arguments.isAtEnd,
-            let path = signal.path, let device = deviceValues.index(forKey: path)
+            // Looked up over the message's own bytes: no String is made for the path of every signal.
+            let found = signal.withPathBytes({ bytes in
+                ObjectPathKey.borrowing(bytes) { deviceValues.index(forKey: $0) }
+            }),
+            let device = found
         else { return nil }
         var rssi: Int16?
         var txPower: Int16?
@@ -299,7 +303,8 @@ struct BlueZObjectTree: Sendable {
             fields.insert(.serviceData)
         }
         if Self.mark(&deviceValues.values[device].ahead, fields) { slotsAhead += 1 }
-        return .advertisementChanged(path: path, device: deviceValues.values[device].device)
+        let value = deviceValues.values[device].device
+        return .advertisementChanged(path: value.path, device: value)
     }
 
     /// Adds `fields` to a slot's `ahead`; true when nothing was ahead before. (One access to the slot, in place: a
@@ -405,7 +410,7 @@ struct BlueZObjectTree: Sendable {
 
     /// Writes the advertisement fields of `path` that were updated in place back into its properties.
     private mutating func settle(_ path: String) {
-        guard slotsAhead > 0, let at = deviceValues.index(forKey: path), !deviceValues.values[at].ahead.isEmpty
+        guard slotsAhead > 0, let at = deviceValues.index(forKey: ObjectPathKey(path)), !deviceValues.values[at].ahead.isEmpty
         else { return }
         Self.write(deviceValues.values[at].ahead, of: deviceValues.values[at].device, into: &storage[path])
         deviceValues.values[at].ahead = []
@@ -446,7 +451,8 @@ struct BlueZObjectTree: Sendable {
     // MARK: queries
 
     func properties(_ path: String, _ interface: String) -> [String: DBusValue]? {
-        guard interface == BlueZName.device, slotsAhead > 0, let slot = deviceValues[path], !slot.ahead.isEmpty else {
+        guard interface == BlueZName.device, slotsAhead > 0, let slot = deviceValues[ObjectPathKey(path)], !slot.ahead.isEmpty
+        else {
             return storage[path]?[interface]
         }
         var interfaces = storage[path]
@@ -467,8 +473,8 @@ struct BlueZObjectTree: Sendable {
     var objects: [String: [String: [String: DBusValue]]] {
         guard slotsAhead > 0 else { return storage }
         var copy = storage
-        for (path, slot) in deviceValues where !slot.ahead.isEmpty {
-            Self.write(slot.ahead, of: slot.device, into: &copy[path])
+        for (key, slot) in deviceValues where !slot.ahead.isEmpty {
+            Self.write(slot.ahead, of: slot.device, into: &copy[key.path])
         }
         return copy
     }
@@ -492,7 +498,7 @@ struct BlueZObjectTree: Sendable {
         return adapter.powered ? .on(adapter) : .off(adapter)
     }
 
-    func device(at path: String) -> BlueZDevice? { deviceValues[path]?.device }
+    func device(at path: String) -> BlueZDevice? { deviceValues[ObjectPathKey(path)]?.device }
 
     var devices: [BlueZDevice] { devicePaths.sorted().compactMap { device(at: $0) } }
 
@@ -619,5 +625,51 @@ extension BlueZDevice {
 
     private static func uuids(_ p: [String: DBusValue]) -> [String] {
         (p["UUIDs"]?.arrayElements ?? []).compactMap { $0.string?.lowercased() }
+    }
+}
+
+/// An object path as a dictionary key: made from a String to be stored, or over a message's own bytes for a lookup
+/// that allocates nothing (`borrowing`). Both hash and compare as their UTF-8 bytes.
+struct ObjectPathKey: Hashable, @unchecked Sendable {
+    // @unchecked: a borrowed key exists only inside `borrowing`'s body; stored keys always own their String.
+    private let owned: String
+    private let borrowed: UnsafeBufferPointer<UInt8>?
+
+    /// A key that owns `path`.
+    init(_ path: String) {
+        owned = path
+        borrowed = nil
+    }
+
+    private init(borrowed bytes: UnsafeBufferPointer<UInt8>) {
+        owned = ""
+        borrowed = bytes
+    }
+
+    /// The path (of an owned key).
+    var path: String { owned }
+
+    /// Calls `body` with a key over `bytes`, valid only inside it.
+    static func borrowing<R>(_ bytes: UnsafeBufferPointer<UInt8>, _ body: (ObjectPathKey) -> R) -> R {
+        body(ObjectPathKey(borrowed: bytes))
+    }
+
+    private func withBytes<R>(_ body: (UnsafeBufferPointer<UInt8>) -> R) -> R {
+        if let borrowed { return body(borrowed) }
+        var path = owned
+        return path.withUTF8(body)
+    }
+
+    func hash(into hasher: inout Hasher) {
+        withBytes { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
+    }
+
+    static func == (lhs: ObjectPathKey, rhs: ObjectPathKey) -> Bool {
+        lhs.withBytes { a in
+            rhs.withBytes { b in
+                guard a.count == b.count, let x = a.baseAddress, let y = b.baseAddress else { return a.count == b.count }
+                return memcmp(x, y, a.count) == 0
+            }
+        }
     }
 }

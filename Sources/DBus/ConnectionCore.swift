@@ -484,6 +484,9 @@ final class ConnectionCore: @unchecked Sendable {
         var stopRequested = false
         for _ in 0..<8 {
             let batch = shared.withLock { s -> [IOWork] in
+                // Nothing queued (most rounds): nothing allocated (removeAll(keepingCapacity:) makes a new buffer
+                // while `batch` holds the old one).
+                if s.queue.isEmpty { return [] }
                 let batch = s.queue
                 s.queue.removeAll(keepingCapacity: true)
                 return batch
@@ -607,9 +610,8 @@ final class ConnectionCore: @unchecked Sendable {
 
     /// Appends the descriptors to poll (the wake-up socket, then the enabled watches) and returns the watch of each
     /// appended descriptor after the first.
-    fileprivate func appendPollDescriptors(_ fds: inout [pollfd]) -> [OpaquePointer] {
+    fileprivate func appendPollDescriptors(_ fds: inout [pollfd], owners: inout [OpaquePointer]) {
         fds.append(pollfd(fd: wakeFD, events: Int16(POLLIN), revents: 0))
-        var owners: [OpaquePointer] = []
         for watch in watches where watch.enabled {
             var events: Int16 = 0
             if watch.flags & DBUS_WATCH_READABLE.rawValue != 0 { events |= Int16(POLLIN) }
@@ -617,7 +619,6 @@ final class ConnectionCore: @unchecked Sendable {
             fds.append(pollfd(fd: watch.fd, events: events, revents: 0))
             owners.append(watch.pointer)
         }
-        return owners
     }
 
     /// Milliseconds until the next enabled libdbus timeout is due (-1: none).
@@ -632,7 +633,7 @@ final class ConnectionCore: @unchecked Sendable {
 
     /// Handles what poll reported for this connection's descriptors (`fds`: the wake-up socket, then one per
     /// `owners` entry) and runs the timeouts that are due. `failed`: poll itself failed (only the flags are reset).
-    fileprivate func handlePoll(_ fds: ArraySlice<pollfd>, owners: [OpaquePointer], failed: Bool) {
+    fileprivate func handlePoll(_ fds: ArraySlice<pollfd>, owners: ArraySlice<OpaquePointer>, failed: Bool) {
         wokeUp()
         if failed { return }
         let first = fds.startIndex
@@ -640,7 +641,7 @@ final class ConnectionCore: @unchecked Sendable {
             var buffer = [UInt8](repeating: 0, count: 256)
             while Glibc.read(wakeFD, &buffer, buffer.count) == buffer.count {}
         }
-        for (offset, pointer) in owners.enumerated() {
+        for (offset, pointer) in zip(0..., owners) {
             let revents = Int32(fds[first + 1 + offset].revents)
             guard revents != 0, watches.contains(where: { $0.pointer == pointer && $0.enabled }) else { continue }
             var flags: UInt32 = 0
@@ -892,7 +893,10 @@ final class IOLoop: Sendable {
         let wakeRead = state.withLock { $0.wakeRead }
         var cores: [ConnectionCore] = []
         var fds: [pollfd] = []
-        var spans: [(start: Int, owners: [OpaquePointer])] = []
+        // Reused from round to round (one allocation per loop, not per round): the descriptors, the libdbus watch
+        // behind each, and where each connection's run of them starts.
+        var owners: [OpaquePointer] = []
+        var spans: [(start: Int, owners: Range<Int>)] = []
         var drain = [UInt8](repeating: 0, count: 256)
         while true {
             let added = state.withLock { s -> [ConnectionCore] in
@@ -942,11 +946,14 @@ final class IOLoop: Sendable {
             fds.removeAll(keepingCapacity: true)
             fds.append(pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0))
             spans.removeAll(keepingCapacity: true)
+            owners.removeAll(keepingCapacity: true)
             var timeoutMs: Int32 = -1
             let now = ConnectionCore.now()
             for core in cores {
                 let start = fds.count
-                spans.append((start, core.appendPollDescriptors(&fds)))
+                let firstOwner = owners.count
+                core.appendPollDescriptors(&fds, owners: &owners)
+                spans.append((start, firstOwner..<owners.count))
                 var t = core.pollTimeout(now: now)
                 if let deadline = core.flushDeadline {
                     let remaining = Int32(min(max(0, deadline - now), 1000))
@@ -962,7 +969,7 @@ final class IOLoop: Sendable {
             }
             for (core, span) in zip(cores, spans) {
                 core.handlePoll(
-                    fds[span.start..<(span.start + 1 + span.owners.count)], owners: span.owners, failed: failed)
+                    fds[span.start..<(span.start + 1 + span.owners.count)], owners: owners[span.owners], failed: failed)
             }
         }
     }

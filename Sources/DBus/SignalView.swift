@@ -13,6 +13,14 @@ public struct DBusSignalView {
 
     /// The object path the signal was emitted from.
     public var path: String? { dbus_message_get_path(pointer).map { String(cString: $0) } }
+    /// Calls `body` with the bytes of the object path (no terminating NUL), valid only inside it: nothing is
+    /// allocated, unlike `path`. Nil when the message has no path.
+    public func withPathBytes<R>(_ body: (UnsafeBufferPointer<UInt8>) -> R) -> R? {
+        guard let path = dbus_message_get_path(pointer) else { return nil }
+        return path.withMemoryRebound(to: UInt8.self, capacity: 1) { bytes in
+            body(UnsafeBufferPointer(start: bytes, count: strlen(path)))
+        }
+    }
     /// The interface.
     public var interface: String? { dbus_message_get_interface(pointer).map { String(cString: $0) } }
     /// The signal's name.

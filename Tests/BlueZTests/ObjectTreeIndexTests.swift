@@ -101,3 +101,29 @@ private func device(_ address: String, on adapter: String) -> [(String, [(String
         #expect(!BlueZTreeEvent.deviceDisconnected(path: "/x", reason: "", message: "").touchesAdapters)
     }
 }
+
+/// The mirror finds a signal's device over the message's own path bytes (no String per signal): a borrowed key must
+/// hash and compare exactly like the stored one, and match nothing else.
+@Suite struct ObjectPathKeyTests {
+    @Test func aBorrowedKeyFindsTheOwnedEntryAndNothingElse() {
+        let paths = [
+            "/org/bluez/hci0/dev_AA_BB_CC_DD_EE_FF", "/org/bluez/hci0/dev_AA_BB_CC_DD_EE_F0",
+            "/org/bluez/hci1/dev_AA_BB_CC_DD_EE_FF", "/org/bluez/hci0",
+        ]
+        var table: [ObjectPathKey: Int] = [:]
+        for (index, path) in paths.enumerated() { table[ObjectPathKey(path)] = index }
+        func lookUp(_ path: String) -> Int? {
+            var bytes = Array(path.utf8)
+            return bytes.withUnsafeMutableBufferPointer { buffer in
+                ObjectPathKey.borrowing(UnsafeBufferPointer(buffer)) { table[$0] }
+            }
+        }
+        for (index, path) in paths.enumerated() { #expect(lookUp(path) == index) }
+        #expect(lookUp("/org/bluez/hci0/dev_AA_BB_CC_DD_EE_F") == nil)
+        #expect(lookUp("/org/bluez/hci0/dev_AA_BB_CC_DD_EE_FF0") == nil)
+        #expect(lookUp("/org/bluez/hci0/dev_aa_BB_CC_DD_EE_FF") == nil)
+        #expect(lookUp("") == nil)
+        #expect(table[ObjectPathKey("/org/bluez/hci0")] == 3)
+        #expect(ObjectPathKey("/a").path == "/a")
+    }
+}
