@@ -215,4 +215,11 @@ public enum BlueZSignalRounds {
 
     /// Removes the observer `observe` returned `token` for.
     public static func stopObserving(_ token: Int) { DBusDispatchRounds.stopObserving(token) }
+
+    /// Asks that the observers hear `end` again within about `milliseconds`, at the next round or in an empty one
+    /// (`DBusDispatchRounds.requestEmptyRound`): for an observer that keeps a round's work for a while to batch it
+    /// with the next rounds.
+    public static func requestEmptyRound(afterMilliseconds milliseconds: Int) {
+        DBusDispatchRounds.requestEmptyRound(afterMilliseconds: milliseconds)
+    }
 }

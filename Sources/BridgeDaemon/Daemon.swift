@@ -38,8 +38,14 @@ struct Daemon {
             begin: { transport.holdWrites() }, end: { transport.releaseWrites() })
         let rounds = BlueZNotificationRounds.observe(holding)
         defer { BlueZNotificationRounds.stopObserving(rounds) }
-        let signalRounds = BlueZSignalRounds.observe(holding)
-        defer { BlueZSignalRounds.stopObserving(signalRounds) }
+        // Advertisements come one signal at a time (500 advertisers at 1 Hz: a round every 2 ms): their publishes are
+        // held for up to `SignalRoundBatcher.window` and leave together.
+        let batcher = SignalRoundBatcher(transport: transport)
+        let signalRounds = BlueZSignalRounds.observe(batcher.observer)
+        defer {
+            BlueZSignalRounds.stopObserving(signalRounds)
+            batcher.finish()
+        }
         let path = configPath
         if let stateDirectory { mkdir(stateDirectory, 0o700) }
         var mqtt: any MQTTTransport = transport

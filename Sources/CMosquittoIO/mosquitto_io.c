@@ -172,7 +172,9 @@ size_t mosquitto_io_release(mosquitto_io_buffer *buffer) {
 size_t mosquitto_io_flush(mosquitto_io_buffer *buffer) {
     pthread_mutex_lock(&buffer->lock);
     size_t left = buffer->pending;
-    if (flush_locked(buffer) != 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+    if (buffer->holding) {
+        // Held: it leaves at release (the loop thread must not cut a hold short because it woke up meanwhile).
+    } else if (flush_locked(buffer) != 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
         left = (size_t)-1;
     } else {
         left = buffer->pending;
@@ -181,6 +183,13 @@ size_t mosquitto_io_flush(mosquitto_io_buffer *buffer) {
     pthread_mutex_unlock(&buffer->lock);
     errno = saved;
     return left;
+}
+
+size_t mosquitto_io_waiting(mosquitto_io_buffer *buffer) {
+    pthread_mutex_lock(&buffer->lock);
+    size_t waiting = buffer->holding ? 0 : buffer->pending;
+    pthread_mutex_unlock(&buffer->lock);
+    return waiting;
 }
 
 size_t mosquitto_io_pending(mosquitto_io_buffer *buffer) {

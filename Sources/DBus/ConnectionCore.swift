@@ -451,6 +451,9 @@ final class ConnectionCore: @unchecked Sendable {
         if DBusDispatchRounds.observers.isObserved
             && dbus_connection_get_dispatch_status(connection) == DBUS_DISPATCH_DATA_REMAINS
         {
+            // This round's `end` is the one an earlier request asked for: it is cleared, and asked for again there
+            // if still needed (so a stream of rounds costs no extra wake-up).
+            DBusDispatchRounds.emptyRoundDue.store(0, ordering: .relaxed)
             DBusDispatchRounds.observers.around { dispatchAll() }
         } else {
             dispatchAll()
@@ -961,6 +964,11 @@ final class IOLoop: Sendable {
                 }
                 if t >= 0, timeoutMs < 0 || t < timeoutMs { timeoutMs = t }
             }
+            let emptyRoundDue = DBusDispatchRounds.emptyRoundDue.load(ordering: .relaxed)
+            if emptyRoundDue > 0 {
+                let remaining = Int32(min(max(0, emptyRoundDue - now), 1000))
+                timeoutMs = timeoutMs < 0 ? remaining : min(timeoutMs, remaining)
+            }
             let rc = poll(&fds, nfds_t(fds.count), timeoutMs)
             let failed = rc < 0 && errno != EINTR
             if !failed, fds[0].revents != 0 {
@@ -970,6 +978,12 @@ final class IOLoop: Sendable {
             for (core, span) in zip(cores, spans) {
                 core.handlePoll(
                     fds[span.start..<(span.start + 1 + span.owners.count)], owners: owners[span.owners], failed: failed)
+            }
+            if emptyRoundDue > 0, ConnectionCore.now() >= emptyRoundDue {
+                // Cleared first: an observer may ask for the next one from its `end`.
+                _ = DBusDispatchRounds.emptyRoundDue.compareExchange(
+                    expected: emptyRoundDue, desired: 0, ordering: .relaxed)
+                DBusDispatchRounds.observers.around {}
             }
         }
     }
@@ -1062,4 +1076,23 @@ public enum DBusDispatchRounds {
 
     /// Removes the observer `observe` returned `token` for.
     public static func stopObserving(_ token: Int) { observers.remove(token) }
+
+    /// When the loop is to run an empty round (monotonic ms; 0: not asked for).
+    static let emptyRoundDue = Atomic<Int64>(0)
+
+    /// Asks that the observers hear `end` again within about `milliseconds`: at the next round if one comes by
+    /// then, otherwise in an empty round (`begin` then `end`, nothing dispatched in between). For an observer that
+    /// keeps what a round did for a while (to batch it with the next rounds) and must hear again once that while is
+    /// over; a round clears the request, and the observer asks again from its `end` if it still needs to. The
+    /// earliest request stands.
+    public static func requestEmptyRound(afterMilliseconds milliseconds: Int) {
+        let due = ConnectionCore.now() + Int64(max(0, milliseconds))
+        var current = emptyRoundDue.load(ordering: .relaxed)
+        while current == 0 || due < current {
+            let (exchanged, original) = emptyRoundDue.compareExchange(
+                expected: current, desired: due, ordering: .relaxed)
+            if exchanged { break }
+            current = original
+        }
+    }
 }

@@ -439,7 +439,8 @@ final class ClientCore: Sendable {
                 let failure = callerWriteFailure.exchange(0, ordering: .relaxed)
                 return failure != 0 ? failure : MOSQ_ERR_NO_CONN.rawValue
             }
-            let wantsWrite = mosquitto_want_write(raw) || buffers.hasPendingWrites
+            // Held bytes are not waited for: they leave when the holder releases them.
+            let wantsWrite = mosquitto_want_write(raw) || buffers.hasWaitingWrites
             var fd = pollfd(fd: socket, events: Int16(POLLIN) | (wantsWrite ? Int16(POLLOUT) : 0), revents: 0)
             // Bytes already in the read buffer are as good as a readable socket: no waiting for more.
             let buffered = buffers.hasBufferedBytes

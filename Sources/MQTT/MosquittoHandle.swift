@@ -97,10 +97,13 @@ final class MosquittoSocketBuffers: @unchecked Sendable {
         _ = mosquitto_io_release(raw)
     }
 
-    /// True when written bytes wait for the socket to take them.
+    /// True when written bytes wait for the socket to take them, or for the end of a hold.
     var hasPendingWrites: Bool { raw.map { mosquitto_io_pending($0) > 0 } ?? false }
 
-    /// Sends what waits. Returns false when the socket failed (the connection is broken; libmosquitto finds out on
+    /// True when written bytes wait for the socket to take them (not for the end of a hold): `flush()` would send.
+    var hasWaitingWrites: Bool { raw.map { mosquitto_io_waiting($0) > 0 } ?? false }
+
+    /// Sends what waits (nothing during a hold). Returns false when the socket failed (the connection is broken; libmosquitto finds out on
     /// its next read or write).
     func flush() -> Bool {
         guard let raw else { return true }

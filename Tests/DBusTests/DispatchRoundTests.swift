@@ -50,6 +50,36 @@ import Testing
         }
     }
 
+    /// An observer that keeps a round's work (the bridge holding its MQTT writes) asks for an empty round; the loop
+    /// runs one when the time comes, with no message arriving, on its own thread.
+    @Test func anEmptyRoundComesWhenAskedForWithoutTraffic() async throws {
+        let fixture = try await BusFixture()
+        _ = try fixture.connect()  // the loop runs
+        let ends = Mutex<[(at: ContinuousClock.Instant, thread: String)]>([])
+        let token = DBusDispatchRounds.observe(
+            .init(
+                begin: {},
+                end: {
+                    var name = [CChar](repeating: 0, count: 32)
+                    let fd = open("/proc/thread-self/comm", O_RDONLY)
+                    if fd >= 0 {
+                        _ = read(fd, &name, 31)
+                        close(fd)
+                    }
+                    let thread = String(decoding: name.prefix { $0 != 0 && $0 != 10 }.map { UInt8($0) }, as: UTF8.self)
+                    ends.withLock { $0.append((ContinuousClock.now, thread)) }
+                }))
+        defer { DBusDispatchRounds.stopObserving(token) }
+        let asked = ContinuousClock.now
+        DBusDispatchRounds.requestEmptyRound(afterMilliseconds: 300)
+        try await eventually(5, "an empty round after the time asked for") {
+            ends.withLock { $0.contains { $0.at - asked >= .milliseconds(290) } }
+        }
+        let first = ends.withLock { $0.first { $0.at - asked >= .milliseconds(290) } }
+        #expect(first.map { $0.at - asked < .milliseconds(1_500) } == true, "late: \(String(describing: first))")
+        #expect(first?.thread == "dbus-io")
+    }
+
     @Test func aBurstOfSignalsIsHandledInsideFewerRounds() async throws {
         let fixture = try await BusFixture()
         let server = try fixture.connect()

@@ -174,6 +174,23 @@ private final class SocketPair {
         #expect(counts.keptWrites == 3 && counts.flushes == 1, "three writes, one system call")
     }
 
+    /// The loop thread flushes what waits for the socket whenever it wakes; a hold (writes batched over rounds of
+    /// signals, for up to 10 ms) must survive that, and leave only at release.
+    @Test func aFlushDuringAHoldSendsNothing() throws {
+        let pair = try SocketPair()
+        let buffers = MosquittoSocketBuffers(enabled: true)
+        buffers.attach(pair.reader)
+        defer { buffers.detach() }
+        buffers.hold()
+        #expect(pair.writeToReaderEnd([1, 2]) == 2)
+        #expect(buffers.hasPendingWrites && !buffers.hasWaitingWrites, "held, not waiting for the socket")
+        #expect(buffers.flush())
+        #expect(pair.drainWriterEnd() == [], "still held after a flush")
+        buffers.release()
+        #expect(pair.drainWriterEnd() == [1, 2])
+        #expect(!buffers.hasPendingWrites && !buffers.hasWaitingWrites)
+    }
+
     @Test func aWriteThatDoesNotFitSendsWhatWasHeldFirst() throws {
         let pair = try SocketPair()
         var sndbuf: Int32 = 1 << 20

@@ -51,10 +51,14 @@ void mosquitto_io_hold(mosquitto_io_buffer *buffer);
 size_t mosquitto_io_release(mosquitto_io_buffer *buffer);
 
 /// Sends what is waiting; returns the bytes still waiting, or (size_t)-1 when the socket failed (errno says why).
+/// During a hold it sends nothing (what is kept leaves at `mosquitto_io_release`).
 size_t mosquitto_io_flush(mosquitto_io_buffer *buffer);
 
 /// Bytes kept and not yet sent.
 size_t mosquitto_io_pending(mosquitto_io_buffer *buffer);
+
+/// Bytes kept that wait for the socket (not for the end of a hold): what `mosquitto_io_flush` would send now.
+size_t mosquitto_io_waiting(mosquitto_io_buffer *buffer);
 
 /// recv(2) calls that filled `buffer`, read(2) calls it served, write(2) calls it kept, and write(2) system calls
 /// that sent what it kept, since it was made.
