@@ -23,7 +23,9 @@ import json
 import sys
 
 PROBE_DEVICE = 4095
-TARGETS = {"cpu_us": 15.0, "p99_ms": 5.0, "ratio": 1.5}
+# Issue #8's targets: CPU per notification, p99, the passive ratio, the peak RSS of a run with 100 (or more)
+# devices, and the idle CPU (% of one core).
+TARGETS = {"cpu_us": 15.0, "p99_ms": 5.0, "ratio": 1.5, "rss_mb": 15.0, "rss_devices": 100, "idle_pct": 0.5}
 
 
 def samples(path):
@@ -180,9 +182,13 @@ def verdicts(r):
             out.append(("cpu <= %g us/msg" % TARGETS["cpu_us"], r["cpu_us_per_msg"] <= TARGETS["cpu_us"]))
         out.append(("p99 <= %g ms (probes)" % TARGETS["p99_ms"], r["p99_ms"] <= TARGETS["p99_ms"]))
         out.append(("every probe delivered", r["probes_received"] >= r["probes_sent"] > 0))
+        if r["devices"] >= TARGETS["rss_devices"] and "hwm_bridge_mb" in r:
+            out.append(("peak RSS <= %g MB" % TARGETS["rss_mb"], r["hwm_bridge_mb"] <= TARGETS["rss_mb"]))
     if kind == "notify" and r.get("idle"):
         out.append(("devices connected", r["devices_seen"] >= r["devices"]))
         out.append(("zero loss", r["lost"] == 0 and not r.get("sim_dropped")))
+        if "cpu_bridge_pct" in r:
+            out.append(("idle cpu <= %g %%" % TARGETS["idle_pct"], r["cpu_bridge_pct"] <= TARGETS["idle_pct"]))
     if kind == "passive":
         out.append(("devices seen", r["devices_seen"] >= r["devices"]))
         out.append(("zero advertisements lost", r["lost"] == 0))
