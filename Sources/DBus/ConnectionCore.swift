@@ -857,6 +857,18 @@ final class IOLoop: Sendable {
         }
     }
 
+    /// Wakes the loop from another thread, so that it looks again at when to wake next (an empty round asked for
+    /// while it slept without a timeout). On the loop's own thread there is nothing to do: it looks after this round.
+    func wakeUnlessOnLoop() {
+        let wake = state.withLock { s -> Int32? in
+            guard let thread = s.thread, pthread_equal(thread, pthread_self()) == 0 else { return nil }
+            return s.wakeWrite
+        }
+        guard let wake, wake >= 0 else { return }
+        var one: UInt8 = 1
+        _ = Glibc.write(wake, &one, 1)
+    }
+
     private static func startThread(_ s: inout State, _ loop: IOLoop) -> DBusError? {
         var fds: [Int32] = [-1, -1]
         let type = Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue)
@@ -1094,5 +1106,6 @@ public enum DBusDispatchRounds {
             if exchanged { break }
             current = original
         }
+        IOLoop.shared.wakeUnlessOnLoop()
     }
 }
