@@ -124,9 +124,8 @@ struct BlueZObjectTree: Sendable {
             let value = BlueZDevice(path: path, properties: device)
             address = value.address
             // The object was settled before this change (every change settles first), so nothing is ahead.
-            if deviceValues.updateValue(DeviceSlot(device: value), forKey: ObjectPathKey(path))?.ahead.isEmpty == false {
-                slotsAhead -= 1
-            }
+            let replaced = deviceValues.updateValue(DeviceSlot(device: value), forKey: ObjectPathKey(path))
+            if replaced?.ahead.isEmpty == false { slotsAhead -= 1 }
         } else {
             devicePaths.remove(path)
             if deviceValues.removeValue(forKey: ObjectPathKey(path))?.ahead.isEmpty == false { slotsAhead -= 1 }
@@ -410,7 +409,8 @@ struct BlueZObjectTree: Sendable {
 
     /// Writes the advertisement fields of `path` that were updated in place back into its properties.
     private mutating func settle(_ path: String) {
-        guard slotsAhead > 0, let at = deviceValues.index(forKey: ObjectPathKey(path)), !deviceValues.values[at].ahead.isEmpty
+        guard slotsAhead > 0, let at = deviceValues.index(forKey: ObjectPathKey(path)),
+            !deviceValues.values[at].ahead.isEmpty
         else { return }
         Self.write(deviceValues.values[at].ahead, of: deviceValues.values[at].device, into: &storage[path])
         deviceValues.values[at].ahead = []
@@ -451,7 +451,8 @@ struct BlueZObjectTree: Sendable {
     // MARK: queries
 
     func properties(_ path: String, _ interface: String) -> [String: DBusValue]? {
-        guard interface == BlueZName.device, slotsAhead > 0, let slot = deviceValues[ObjectPathKey(path)], !slot.ahead.isEmpty
+        guard interface == BlueZName.device, slotsAhead > 0, let slot = deviceValues[ObjectPathKey(path)],
+            !slot.ahead.isEmpty
         else {
             return storage[path]?[interface]
         }
@@ -667,7 +668,8 @@ struct ObjectPathKey: Hashable, @unchecked Sendable {
     static func == (lhs: ObjectPathKey, rhs: ObjectPathKey) -> Bool {
         lhs.withBytes { a in
             rhs.withBytes { b in
-                guard a.count == b.count, let x = a.baseAddress, let y = b.baseAddress else { return a.count == b.count }
+                guard a.count == b.count else { return false }
+                guard let x = a.baseAddress, let y = b.baseAddress else { return true }  // both empty
                 return memcmp(x, y, a.count) == 0
             }
         }

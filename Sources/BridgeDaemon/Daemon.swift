@@ -32,11 +32,10 @@ struct Daemon {
         case .failure(let exit): return exit.code
         case .success(let parts): (transport, central) = parts
         }
-        // A round of notifications under load, and the signals libdbus read in one go (advertisements), leave for
-        // the broker together: their publishes are held and sent with one write.
-        let holding = BlueZNotificationRounds.Observer(
-            begin: { transport.holdWrites() }, end: { transport.releaseWrites() })
-        let rounds = BlueZNotificationRounds.observe(holding)
+        // A round of notifications under load leaves for the broker together: its publishes are held and sent with
+        // one write.
+        let rounds = BlueZNotificationRounds.observe(
+            .init(begin: { transport.holdWrites() }, end: { transport.releaseWrites() }))
         defer { BlueZNotificationRounds.stopObserving(rounds) }
         // Advertisements come one signal at a time (500 advertisers at 1 Hz: a round every 2 ms): their publishes are
         // held for up to `SignalRoundBatcher.window` and leave together.

@@ -607,12 +607,11 @@ final class ClientCore: Sendable {
 
     // MARK: Publishing
 
-    /// Sends or queues `message`; the returned completion ends when it is acknowledged (QoS 1/2) or handed to
-    /// libmosquitto (QoS 0), or fails.
-    /// Publishes or queues `message`; `completion` (nil when nobody waits) hears how it ended.
+    /// Sends or queues `message`; `completion` (nil when nobody waits) ends when it is acknowledged (QoS 1/2) or
+    /// handed to libmosquitto (QoS 0), or fails.
     func send(_ message: MQTTOutgoingMessage, completion: Completion<Void>?) throws(MQTTError) {
         // Built only for an error: this is the path of every publish.
-        func operation() -> String { "publish to \(message.topic)" }
+        func operation() -> String { Self.publishOperation(message.topic) }
         try MQTTTopic.validateName(message.topic)
         guard message.payload.count <= 268_435_455 else {
             throw Mosquitto.error(MOSQ_ERR_PAYLOAD_SIZE.rawValue, operation(), extra: "\(message.payload.count) bytes")
@@ -666,12 +665,15 @@ final class ClientCore: Sendable {
                 dropped.completion?.complete(
                     .failure(
                         MQTTError(
-                            .dropped, operation: "publish to \(dropped.message.topic)",
+                            .dropped, operation: Self.publishOperation(dropped.message.topic),
                             detail: "dropped from the full offline queue (capacity \(capacity))")))
             }
             drainIfNeeded()
         }
     }
+
+    /// What a publish's errors name as the operation.
+    private static func publishOperation(_ topic: String) -> String { "publish to \(topic)" }
 
     private enum TransmitOutcome {
         case sent
@@ -691,7 +693,7 @@ final class ClientCore: Sendable {
             if size > Int(maximum) {
                 releaseSlot(message.qos)
                 let error = Mosquitto.error(
-                    MOSQ_ERR_OVERSIZE_PACKET.rawValue, "publish to \(message.topic)",
+                    MOSQ_ERR_OVERSIZE_PACKET.rawValue, Self.publishOperation(message.topic),
                     extra: "a \(size)-byte packet; the broker accepts at most \(maximum) bytes")
                 item.completion?.complete(.failure(error))
                 return .failed(error)
@@ -702,7 +704,7 @@ final class ClientCore: Sendable {
         var properties: MosquittoProperties?
         if isV5 && !message.properties.isEmpty {
             do {
-                properties = try MosquittoProperties.publish(message.properties, "publish to \(message.topic)")
+                properties = try MosquittoProperties.publish(message.properties, Self.publishOperation(message.topic))
             } catch {
                 releaseSlot(message.qos)
                 item.completion?.complete(.failure(error))
@@ -735,7 +737,8 @@ final class ClientCore: Sendable {
         }
         releaseSlot(message.qos)
         if rc == MOSQ_ERR_NO_CONN.rawValue { return .notConnected }
-        let error = Mosquitto.error(rc, "publish to \(message.topic)", extra: "\(message.payload.count) bytes payload")
+        let error = Mosquitto.error(
+            rc, Self.publishOperation(message.topic), extra: "\(message.payload.count) bytes payload")
         item.completion?.complete(.failure(error))
         return .failed(error)
     }
@@ -764,7 +767,7 @@ final class ClientCore: Sendable {
         guard reason >= 0x80 else { return .success(()) }
         let code = MQTTReasonCode(rawValue: UInt8(truncatingIfNeeded: reason))
         return .failure(
-            MQTTError(.rejected(code), operation: "publish to \(topic)", detail: "the broker answered \(code)"))
+            MQTTError(.rejected(code), operation: Self.publishOperation(topic), detail: "the broker answered \(code)"))
     }
 
     private func requeue(_ items: [QueuedPublish]) {

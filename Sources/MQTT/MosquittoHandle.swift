@@ -103,8 +103,8 @@ final class MosquittoSocketBuffers: @unchecked Sendable {
     /// True when written bytes wait for the socket to take them (not for the end of a hold): `flush()` would send.
     var hasWaitingWrites: Bool { raw.map { mosquitto_io_waiting($0) > 0 } ?? false }
 
-    /// Sends what waits (nothing during a hold). Returns false when the socket failed (the connection is broken; libmosquitto finds out on
-    /// its next read or write).
+    /// Sends what waits (nothing during a hold). Returns false when the socket failed (the connection is broken;
+    /// libmosquitto finds out on its next read or write).
     func flush() -> Bool {
         guard let raw else { return true }
         return mosquitto_io_flush(raw) != -1
