@@ -319,15 +319,18 @@ public final class BlueZClient: Sendable {
     /// One GetManagedObjects for `refreshMissingObjects`.
     private func readMissingObjects() async -> Set<String>? {
         guard let owner = core.withLock({ $0.owner }) else { return nil }
+        // Read in place: of bluetoothd's whole tree (hundreds of KB with a hundred connected devices, read after
+        // every connect) only the objects the mirror lacks are decoded; the whole reply as values and a second
+        // tree built from it were the bridge's peak of heap.
+        let known = tree
         guard
-            let reply = try? await connection.call(
-                destination: owner, path: "/", interface: BlueZName.objectManager, method: "GetManagedObjects")
+            let (exported, candidates) = try? await connection.call(
+                destination: owner, path: "/", interface: BlueZName.objectManager, method: "GetManagedObjects",
+                reading: { reader throws(DBusError) in try BlueZObjectTree.readMissing(&reader, from: known) })
         else { return nil }
-        var fresh = BlueZObjectTree()
-        fresh.load(managedObjects: reply.first ?? .array("a{oa{sa{sv}}}", []))
         let (added, handlers) = core.withLock { core in
             var added: [(String, [String: [String: DBusValue]])] = []
-            for (path, interfaces) in fresh.objects where !core.tree.hasObject(path) {
+            for (path, interfaces) in candidates where !core.tree.hasObject(path) {
                 added.append((path, interfaces))
             }
             for (path, interfaces) in added {
@@ -348,7 +351,6 @@ public final class BlueZClient: Sendable {
             }
             return (added, core.handlers)
         }
-        let exported = Set(fresh.objectPaths)
         guard !added.isEmpty else { return exported }
         logger.debug("GetManagedObjects found \(added.count) object(s) the signals had not announced yet")
         let tree = self.tree

@@ -162,6 +162,40 @@ struct BlueZObjectTree: Sendable {
         return out
     }
 
+    /// Reads a GetManagedObjects reply (`a{oa{sa{sv}}}`) in place: the path of every object it lists with an
+    /// interface the mirror keeps, and the interfaces of those objects `known` lacks (as `load` would store them).
+    /// The objects `known` has are not decoded.
+    /// - Throws: `DBusError` (invalid arguments) when the reply has another shape.
+    static func readMissing(_ reader: inout DBusArgumentReader, from known: BlueZObjectTree) throws(DBusError)
+        -> (exported: Set<String>, missing: [(String, [String: [String: DBusValue]])])
+    {
+        let malformed = DBusError(
+            name: DBusError.invalidArgs, message: "the GetManagedObjects reply is not of type a{oa{sa{sv}}}")
+        guard reader.currentType == "a", var objects = reader.enter() else { throw malformed }
+        var exported = Set<String>()
+        var missing: [(String, [String: [String: DBusValue]])] = []
+        while !objects.isAtEnd {
+            guard var entry = objects.enter(), let path = entry.string(), var list = entry.enter() else {
+                throw malformed
+            }
+            let isKnown = known.hasObject(path)
+            var interfaces: [String: [String: DBusValue]] = [:]
+            var listed = false
+            while !list.isAtEnd {
+                guard var pair = list.enter(), let name = pair.string() else { throw malformed }
+                guard !ignoredInterfaces.contains(name) else { continue }
+                listed = true
+                // An object the mirror has: one interface it keeps is all that is asked.
+                if isKnown { break }
+                guard let properties = try pair.value() else { throw malformed }
+                interfaces[name] = properties.stringVariantDictionary ?? [:]
+            }
+            if listed { exported.insert(path) }
+            if !interfaces.isEmpty { missing.append((path, interfaces)) }
+        }
+        return (exported, missing)
+    }
+
     /// Applies one signal from bluetoothd. Returns the event it amounts to, or nil when it means nothing here.
     mutating func apply(_ message: DBusMessage) -> BlueZTreeEvent? {
         guard message.type == .signal, let member = message.member else { return nil }

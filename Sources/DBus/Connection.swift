@@ -195,6 +195,26 @@ public final class DBusConnection: Sendable {
         return try ConnectionCore.replyBody(reply)
     }
 
+    /// Calls a method and reads the reply's arguments in place with `read`, in the calling task: for a large reply
+    /// of which the caller keeps a little (bluetoothd's whole tree from GetManagedObjects), nothing is built for
+    /// what `read` skips. The reader is valid only while `read` runs.
+    /// - Throws: as ``call(destination:path:interface:method:arguments:timeout:)``, and what `read` throws.
+    public func call<T>(
+        destination: String, path: DBusObjectPath, interface: String, method: String, arguments: [DBusValue] = [],
+        timeout: Duration = .seconds(25), reading read: (inout DBusArgumentReader) throws(DBusError) -> T
+    ) async throws(DBusError) -> T {
+        let message = DBusMessage.methodCall(
+            destination: destination, path: path, interface: interface, method: method, body: arguments)
+        let built = try Marshal.build(message)
+        try checkFDs(message.body)
+        let reply = try await Self.awaitReply(core, built, timeout: timeout, to: message)
+        if reply.type == DBUS_MESSAGE_TYPE_ERROR { throw ConnectionCore.errorFromReply(reply) }
+        return try withExtendedLifetime(reply) { () throws(DBusError) -> T in
+            var reader = DBusArgumentReader(message: reply.pointer)
+            return try read(&reader)
+        }
+    }
+
     /// Sends a method call message and returns the whole reply message.
     /// - Throws: the error reply as ``DBusError`` (and the failures listed for the other `call`).
     public func call(_ message: DBusMessage, timeout: Duration = .seconds(25)) async throws(DBusError)

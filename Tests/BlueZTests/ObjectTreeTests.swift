@@ -471,3 +471,84 @@ private func baseTree() -> BlueZObjectTree {
         #expect(try !compare(signal(dev, "org.bluez.Device1", "Disconnected", [.string("r"), .string("m")])))
     }
 }
+
+/// `readMissing`: a GetManagedObjects reply read in place gives what loading it as a tree gives, for the objects the
+/// mirror lacks, and decodes nothing of those it has.
+@Suite struct ReadMissingObjectsTests {
+    private let service = dev + "/service0001"
+    private let characteristic = dev + "/service0001/char0002"
+
+    /// bluetoothd's whole tree after the connect: the mirror's objects, a service, a characteristic, and an object
+    /// with only the standard interfaces.
+    private var reply: DBusValue {
+        var objects: [(String, DBusValue)] = []
+        for (path, interfaceMap) in baseTree().objects.sorted(by: { $0.key < $1.key }) {
+            objects.append(
+                (path, interfaces(standard + interfaceMap.map { ($0.key, .stringVariantDictionary(Array($0.value))) }))
+            )
+        }
+        objects.append(
+            (
+                service,
+                interfaces(
+                    standard + [
+                        (
+                            "org.bluez.GattService1",
+                            props([
+                                ("UUID", .string("0000180d-0000-1000-8000-00805f9b34fb")),
+                                ("Device", .objectPath(DBusObjectPath(stringLiteral: dev))), ("Primary", .boolean(true)),
+                            ])
+                        )
+                    ])
+            ))
+        objects.append(
+            (
+                characteristic,
+                interfaces(
+                    standard + [
+                        (
+                            "org.bluez.GattCharacteristic1",
+                            props([
+                                ("UUID", .string("00002a37-0000-1000-8000-00805f9b34fb")),
+                                ("Service", .objectPath(DBusObjectPath(stringLiteral: service))),
+                                ("Flags", .array("s", [.string("notify")])),
+                            ])
+                        )
+                    ])
+            ))
+        objects.append(("/org/bluez/hci0/empty", interfaces(standard)))
+        return managed(objects)
+    }
+
+    private func read(_ body: [DBusValue], known: BlueZObjectTree) throws
+        -> (exported: Set<String>, missing: [(String, [String: [String: DBusValue]])])
+    {
+        let message = DBusMessage.signal(path: "/", interface: "org.example.Test", name: "Reply", body: body)
+        return try DBusSignalView.withView(of: message) { view in
+            var reader = view.arguments()
+            return try BlueZObjectTree.readMissing(&reader, from: known)
+        }
+    }
+
+    @Test func onlyTheObjectsTheMirrorLacksAreReturnedAsLoadWouldStoreThem() throws {
+        let known = baseTree()
+        var loaded = BlueZObjectTree()
+        loaded.load(managedObjects: reply)
+        let (exported, missing) = try read([reply], known: known)
+        #expect(exported == Set(loaded.objectPaths))
+        #expect(!exported.contains("/org/bluez/hci0/empty"))
+        #expect(missing.map(\.0).sorted() == [service, characteristic].sorted())
+        for (path, interfaces) in missing {
+            #expect(interfaces == loaded.objects[path], "\(path)")
+        }
+        // An empty mirror lacks everything.
+        let all = try read([reply], known: BlueZObjectTree())
+        #expect(Set(all.missing.map(\.0)) == exported)
+    }
+
+    @Test func aReplyOfAnotherShapeIsAnErrorNotATrap() throws {
+        for body: [DBusValue] in [[], [.string("x")], [.array("s", [.string("x")])]] {
+            #expect(throws: DBusError.self) { try read(body, known: BlueZObjectTree()) }
+        }
+    }
+}
