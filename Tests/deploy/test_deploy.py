@@ -195,6 +195,47 @@ def test_binary_has_no_regex_engine(release_binary):
     assert not found, f"the release binary links {found}: replace the call that needs it (nm -u on the .o files)"
 
 
+def test_binary_exports_only_the_interposed_io_functions(stripped_binary):
+    """The Swift toolchain exports every public symbol of an executable; build-release.sh links with
+    --no-export-dynamic. What must stay exported are the read/write/close/socketpair of CMosquittoIO, which
+    libmosquitto's calls bind to (the held MQTT writes depend on it)."""
+    out = check(["readelf", "--dyn-syms", "-W", stripped_binary]).stdout
+    defined = set()
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) >= 8 and fields[0].endswith(":") and fields[6] != "UND" and fields[3] in ("FUNC", "OBJECT"):
+            defined.add(fields[7].split("@")[0])
+    assert defined == {"read", "write", "close", "socketpair"}, f"exported: {sorted(defined)[:20]} ({len(defined)})"
+
+
+def test_binary_lays_out_the_listed_functions_together(release_binary):
+    """deploy/text-order.txt lists the functions the bridge runs; build-release.sh compiles each into a section of
+    its own and has the linker put those first, together (deploy/README.md, 'The binary'). Most of them must then
+    lie in one span twice their size; scattered, they keep nearly all of the text resident. (Not all: the standard
+    library's prebuilt Swift.o has most of its code in one section that cannot be split.)"""
+    listed = set()
+    for line in (DEPLOY / "text-order.txt").read_text().splitlines():
+        if line.startswith(".text.") and "*" not in line:
+            listed.add(line[len(".text."):])
+    assert len(listed) > 1000, "deploy/text-order.txt lists too few functions (scripts/text-order.sh makes it)"
+    spans = []
+    for line in check(["nm", "-S", "--defined-only", release_binary]).stdout.splitlines():
+        fields = line.split()
+        if len(fields) == 4 and fields[2] in "tTwW" and fields[3] in listed:
+            spans.append((int(fields[0], 16), int(fields[1], 16)))
+    assert len(spans) >= 0.9 * len(listed), f"only {len(spans)} of {len(listed)} listed functions are in the binary"
+    spans.sort()
+    total = sum(size for _, size in spans)
+    # The most listed functions in any span of twice their total size (0.93 when laid out, 0.53 when not).
+    best, first = 0, 0
+    for last in range(len(spans)):
+        while spans[last][0] + spans[last][1] - spans[first][0] > 2 * total:
+            first += 1
+        best = max(best, last - first + 1)
+    print(f"{len(spans)} listed functions, {total} bytes; {best} of them within {2 * total} bytes")
+    assert best >= 0.85 * len(spans), f"only {best} of {len(spans)} listed functions lie together"
+
+
 def test_binary_links_only_system_libraries(stripped_binary):
     result = check(["ldd", stripped_binary])
     libs = {}
