@@ -106,7 +106,10 @@ public final class DBusConnection: Sendable {
         dbus_connection_set_max_received_size(pointer, 1 << 30)
         dbus_connection_set_max_message_size(pointer, 128 << 20)
         dbus_connection_set_max_received_unix_fds(pointer, 1 << 16)
-        dbus_connection_set_max_message_unix_fds(pointer, 1 << 10)
+        // Descriptors in one message: libdbus allocates room for that many in every connection before its first
+        // read (4 KB at 1,024, and the BlueZ client has a connection per connected device). The system bus
+        // forwards at most 16 per message (dbus-daemon's default max_message_unix_fds); bluetoothd sends one.
+        dbus_connection_set_max_message_unix_fds(pointer, 16)
         uniqueName = dbus_bus_get_unique_name(pointer).map { String(cString: $0) } ?? ""
         canPassUnixFDs = dbus_connection_can_send_type(pointer, TypeCode.unixFD) != 0
         let core: ConnectionCore
