@@ -175,23 +175,25 @@ struct BlueZObjectTree: Sendable {
         var exported = Set<String>()
         var missing: [(String, [String: [String: DBusValue]])] = []
         while !objects.isAtEnd {
-            guard var entry = objects.enter(), let path = entry.string(), var list = entry.enter() else {
-                throw malformed
+            guard var entry = objects.enter(), let path = entry.string() else { throw malformed }
+            if known.hasObject(path) {
+                // One interface the mirror keeps is all that is asked of an object it has; nothing is decoded.
+                guard var list = entry.enter() else { throw malformed }
+                while !list.isAtEnd {
+                    guard var pair = list.enter(), let name = pair.string() else { throw malformed }
+                    if !ignoredInterfaces.contains(name) {
+                        exported.insert(path)
+                        break
+                    }
+                }
+            } else {
+                guard let value = try entry.value() else { throw malformed }
+                let interfaces = Self.interfaces(value)
+                if !interfaces.isEmpty {
+                    exported.insert(path)
+                    missing.append((path, interfaces))
+                }
             }
-            let isKnown = known.hasObject(path)
-            var interfaces: [String: [String: DBusValue]] = [:]
-            var listed = false
-            while !list.isAtEnd {
-                guard var pair = list.enter(), let name = pair.string() else { throw malformed }
-                guard !ignoredInterfaces.contains(name) else { continue }
-                listed = true
-                // An object the mirror has: one interface it keeps is all that is asked.
-                if isKnown { break }
-                guard let properties = try pair.value() else { throw malformed }
-                interfaces[name] = properties.stringVariantDictionary ?? [:]
-            }
-            if listed { exported.insert(path) }
-            if !interfaces.isEmpty { missing.append((path, interfaces)) }
         }
         return (exported, missing)
     }

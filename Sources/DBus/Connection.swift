@@ -190,12 +190,8 @@ public final class DBusConnection: Sendable {
         destination: String, path: DBusObjectPath, interface: String, method: String, arguments: [DBusValue] = [],
         timeout: Duration = .seconds(25)
     ) async throws(DBusError) -> [DBusValue] {
-        let message = DBusMessage.methodCall(
-            destination: destination, path: path, interface: interface, method: method, body: arguments)
-        let built = try Marshal.build(message)
-        try checkFDs(message.body)
-        let reply = try await Self.awaitReply(core, built, timeout: timeout, to: message)
-        return try ConnectionCore.replyBody(reply)
+        let reply = try await methodReply(destination, path, interface, method, arguments, timeout)
+        return try Marshal.decodeBody(reply.pointer)
     }
 
     /// Calls a method and reads the reply's arguments in place with `read`, in the calling task: for a large reply
@@ -206,16 +202,25 @@ public final class DBusConnection: Sendable {
         destination: String, path: DBusObjectPath, interface: String, method: String, arguments: [DBusValue] = [],
         timeout: Duration = .seconds(25), reading read: (inout DBusArgumentReader) throws(DBusError) -> T
     ) async throws(DBusError) -> T {
+        let reply = try await methodReply(destination, path, interface, method, arguments, timeout)
+        return try withExtendedLifetime(reply) { () throws(DBusError) -> T in
+            var reader = DBusArgumentReader(message: reply.pointer)
+            return try read(&reader)
+        }
+    }
+
+    /// Sends a method call and returns its reply; an error reply is thrown.
+    private func methodReply(
+        _ destination: String, _ path: DBusObjectPath, _ interface: String, _ method: String,
+        _ arguments: [DBusValue], _ timeout: Duration
+    ) async throws(DBusError) -> CMessage {
         let message = DBusMessage.methodCall(
             destination: destination, path: path, interface: interface, method: method, body: arguments)
         let built = try Marshal.build(message)
         try checkFDs(message.body)
         let reply = try await Self.awaitReply(core, built, timeout: timeout, to: message)
         if reply.type == DBUS_MESSAGE_TYPE_ERROR { throw ConnectionCore.errorFromReply(reply) }
-        return try withExtendedLifetime(reply) { () throws(DBusError) -> T in
-            var reader = DBusArgumentReader(message: reply.pointer)
-            return try read(&reader)
-        }
+        return reply
     }
 
     /// Sends a method call message and returns the whole reply message.
