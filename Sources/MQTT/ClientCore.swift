@@ -256,11 +256,15 @@ final class ClientCore: Sendable {
             }
         }
         stopRequested.store(true, ordering: .sequentiallyConsistent)
+        // What is held leaves now, before the DISCONNECT: libmosquitto closes the socket once that is written, and a
+        // close drops what is still held (the broker would also see an unclean end and publish the will).
+        // `holdWrites` takes no new hold from here on.
+        if writesFromCaller { buffers.release() }
         if wasRunning {
-            // Wakes the loop (DISCONNECT goes out after anything already handed to libmosquitto) or the backoff.
-            // The loop thread writes the DISCONNECT (after anything already handed to libmosquitto) when its poll
-            // returns (on plain TCP at the latest after `ownLoopPoll`), or the backoff ends.
-            _ = mosquitto_disconnect(handle.raw)
+            // Wakes the backoff; a connected loop sees the stop when its poll returns (on plain TCP at the latest
+            // after `ownLoopPoll`, under TLS after a second). The loop thread sends the DISCONNECT itself, once the
+            // acknowledgements in flight are in: libmosquitto takes a PUBACK that arrives after mosquitto_disconnect
+            // for a protocol error and drops the connection without a DISCONNECT (the broker then publishes the will).
             wakeup.signal()
         } else if state.withLock({ $0.lifecycle == .stopped }) && finished.result == nil {
             finishEverything()
@@ -412,9 +416,13 @@ final class ClientCore: Sendable {
             let nanoseconds = delay.components.seconds * 1_000_000_000 + delay.components.attoseconds / 1_000_000_000
             _ = wakeup.wait(timeout: .now() + .nanoseconds(Int(nanoseconds)))
         }
-        // Queue a DISCONNECT (requestStop's may have come before the connection existed) and let it go out; the
-        // library closes the socket once it is written. Bounded, in case the broker stopped reading. Without it the
-        // broker would see an unclean close and publish the will.
+        // The acknowledgements of what is in flight first (see `requestStop`), for at most a second.
+        let ackDeadline = ContinuousClock.now + .seconds(1)
+        while mosquitto_socket(raw) >= 0 && state.withLock({ $0.inflight }) > 0 && ContinuousClock.now < ackDeadline {
+            if loopOnce(raw, timeout: 50) != Mosquitto.success { break }
+        }
+        // Queue a DISCONNECT and let it go out; the library closes the socket once it is written. Bounded, in case
+        // the broker stopped reading. Without it the broker would see an unclean close and publish the will.
         if mosquitto_disconnect(raw) == Mosquitto.success || mosquitto_socket(raw) >= 0 {
             var flushes = 0
             while mosquitto_socket(raw) >= 0 && flushes < 20 {
@@ -538,7 +546,14 @@ final class ClientCore: Sendable {
     /// with everything else written to the socket. Plain TCP only.
     func holdWrites(_ on: Bool) {
         guard writesFromCaller else { return }
-        if on { buffers.hold() } else { buffers.release() }
+        guard on else {
+            buffers.release()
+            return
+        }
+        // No hold once a stop was asked for (see `requestStop`); one taken while it was being asked for is let go.
+        if stopRequested.load(ordering: .sequentiallyConsistent) { return }
+        buffers.hold()
+        if stopRequested.load(ordering: .sequentiallyConsistent) { buffers.release() }
     }
 
     /// How long the plain-TCP loop waits in poll (ms): what nothing else wakes it for (a stop, a write from

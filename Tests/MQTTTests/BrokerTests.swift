@@ -170,6 +170,27 @@ import Testing
         await watcher.disconnect()
     }
 
+    /// A disconnect while writes are held (the bridge's batching of a round's publishes, left on by a round that
+    /// never ended) sends what was published first, then DISCONNECT: nothing is dropped with the socket, and the
+    /// broker sees a clean disconnect, not the will.
+    @Test func disconnectDuringAHoldSendsWhatWasHeldAndNoWill() async throws {
+        let broker = try await MosquittoBroker.start()
+        let watcher = try await connectedClient(configuration(broker))
+        let messages = watcher.messages()
+        try await watcher.subscribe(to: "hold/#", qos: .atLeastOnce)
+        var settings = configuration(broker)
+        settings.will = MQTTWill(topic: "hold/will", payload: Array("gone".utf8))
+        let leaving = try await connectedClient(settings)
+        leaving.holdWrites()
+        try leaving.post(MQTTOutgoingMessage(topic: "hold/last", payload: [1], qos: .atLeastOnce))
+        await leaving.disconnect()
+        // A marker published after the disconnect comes after the held message, with no will in between.
+        try await watcher.publish(to: "hold/marker", payload: [], qos: .atLeastOnce)
+        let topics = try await messages.first(2).map(\.topic)
+        #expect(topics == ["hold/last", "hold/marker"], "\(topics)")
+        await watcher.disconnect()
+    }
+
     @Test func persistentSessionResumesAndForgetsOfflineUnsubscribes() async throws {
         let state = try TemporaryDirectory(prefix: "blebridge-mqtt-db")
         try FileManager.default.setAttributes([.posixPermissions: 0o777], ofItemAtPath: state.url.path)
