@@ -47,6 +47,11 @@ public final class BlueZClient: Sendable {
             didSet { handlers = subscribers.map(\.handler) }
         }
         private(set) var handlers: [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void] = []
+        /// The advertisement subscribers (`subscribeAdvertisements`), in the order they subscribed.
+        var advertisementSubscribers: [(id: UInt64, handler: @Sendable (BlueZDevice) -> Void)] = [] {
+            didSet { advertisementHandlers = advertisementSubscribers.map(\.handler) }
+        }
+        private(set) var advertisementHandlers: [@Sendable (BlueZDevice) -> Void] = []
         var nextID: UInt64 = 0
         var pump: Task<Void, Never>?
         var closed = false
@@ -245,16 +250,17 @@ public final class BlueZClient: Sendable {
 
     /// A signal read in place: discovery's advertisement updates are applied as they are read; anything else is
     /// decoded and applied as a message.
+    /// An advertisement goes to the advertisement subscribers only, with the device as it is now and no copy of the
+    /// tree: it is the signal discovery sends all the time, and nothing else needs it.
     fileprivate func dispatch(_ signal: DBusSignalView) {
-        let result = core.withLock {
-            core -> (BlueZTreeEvent, BlueZObjectTree, [@Sendable (BlueZTreeEvent, BlueZObjectTree) -> Void])? in
+        let result = core.withLock { core -> (BlueZDevice, [@Sendable (BlueZDevice) -> Void])? in
             guard signal.isSignal(interface: BlueZName.properties, member: "PropertiesChanged"),
-                let event = core.tree.applyAdvertisement(signal)
+                let device = core.tree.applyAdvertisement(signal)
             else { return nil }
-            return (event, core.tree, core.handlers)
+            return (device, core.advertisementHandlers)
         }
-        if let (event, tree, handlers) = result {
-            for h in handlers { h(event, tree) }
+        if let (device, handlers) = result {
+            for h in handlers { h(device) }
         } else if let message = try? signal.decode() {
             dispatch(message)
         }
@@ -282,8 +288,25 @@ public final class BlueZClient: Sendable {
         }
     }
 
+    /// Registers a handler called with the device after each advertisement (a PropertiesChanged of Device1 that only
+    /// touched RSSI, TxPower, ManufacturerData or ServiceData), on the D-Bus I/O thread in signal order with the
+    /// `subscribe` handlers, which do not get these. It must not block. `unsubscribe` removes it.
+    func subscribeAdvertisements(_ handler: @escaping @Sendable (BlueZDevice) -> Void) -> UInt64 {
+        core.withLock { core in
+            core.nextID += 1
+            core.advertisementSubscribers.append((core.nextID, handler))
+            return core.nextID
+        }
+    }
+
     func unsubscribe(_ id: UInt64) {
-        core.withLock { $0.subscribers.removeAll { $0.id == id } }
+        core.withLock { core in
+            if core.subscribers.contains(where: { $0.id == id }) {
+                core.subscribers.removeAll { $0.id == id }
+            } else {
+                core.advertisementSubscribers.removeAll { $0.id == id }
+            }
+        }
     }
 
     /// The current mirror.

@@ -158,12 +158,13 @@ public struct BlueZDiscoveryEvents: AsyncSequence, Sendable {
 }
 
 /// Lets the event buffer ask its discovery for the current state without keeping it alive.
-final class WeakDiscovery: Sendable {
-    struct Box {
-        weak var discovery: BlueZDiscovery?
-    }
-    let box = Mutex(Box())
-    var value: BlueZDiscovery? { box.withLock { $0.discovery } }
+/// The discovery its event buffer calls back (weakly: the buffer must not keep it). Set once, at the end of the
+/// discovery's init, before anything can call the buffer (events flow only after `begin()`, which publishes it
+/// through the client's lock); read on every event without a lock of its own.
+final class WeakDiscovery: @unchecked Sendable {
+    private weak var discovery: BlueZDiscovery?
+    var value: BlueZDiscovery? { discovery }
+    func set(_ discovery: BlueZDiscovery) { self.discovery = discovery }
 }
 
 let advertisementKeys: Set<String> = [
@@ -217,7 +218,8 @@ public final class BlueZDiscovery: Sendable {
         /// travels on the client's connection, the StopDiscovery reply on ours, unordered).
         var restartEnded: ContinuousClock.Instant?
         var lastActivity = ContinuousClock.now
-        var subscription: UInt64?
+        /// The client subscriptions (tree events, advertisements).
+        var subscriptions: [UInt64] = []
         var watchdog: Task<Void, Never>?
         var restarting: Task<Void, Never>?
         var stopped = false
@@ -255,14 +257,14 @@ public final class BlueZDiscovery: Sendable {
         let suffix = connection.uniqueName.filter { $0.isNumber || $0.isLetter }
         monitorRoot = DBusObjectPath(stringLiteral: "/io/blebridge/monitor\(suffix)")
         server = mode == .passive ? DBusObjectServer(connection: connection, objectManagerPath: monitorRoot) : nil
-        box.box.withLock { $0.discovery = self }
+        box.set(self)
     }
 
     deinit {
-        let (sub, watchdog, restarting) = state.withLock { ($0.subscription, $0.watchdog, $0.restarting) }
+        let (subs, watchdog, restarting) = state.withLock { ($0.subscriptions, $0.watchdog, $0.restarting) }
         watchdog?.cancel()
         restarting?.cancel()
-        if let sub { client.unsubscribe(sub) }
+        for sub in subs { client.unsubscribe(sub) }
         continuation.finish()
         connection.close()
     }
@@ -291,12 +293,15 @@ public final class BlueZDiscovery: Sendable {
     // MARK: starting and stopping
 
     func begin() async throws(BlueZError) {
-        let id = client.subscribe { [weak self] event, tree in self?.handle(event, tree) }
-        state.withLock { $0.subscription = id }
+        let ids = [
+            client.subscribe { [weak self] event, tree in self?.handle(event, tree) },
+            client.subscribeAdvertisements { [weak self] device in self?.advertised(device) },
+        ]
+        state.withLock { $0.subscriptions = ids }
         do {
             try await startOnBlueZ()
         } catch {
-            client.unsubscribe(id)
+            for id in ids { client.unsubscribe(id) }
             await connection.closeAndWait()
             continuation.finish()
             throw error
@@ -428,16 +433,16 @@ public final class BlueZDiscovery: Sendable {
 
     /// Stops scanning, ends the event stream and closes the session's connection. Idempotent.
     public func stop() async {
-        let (first, sub, watchdog, restarting, bound) = state.withLock { s in
+        let (first, subs, watchdog, restarting, bound) = state.withLock { s in
             let first = !s.stopped
             s.stopped = true
-            defer { s.subscription = nil }
-            return (first, s.subscription, s.watchdog, s.restarting, s.bound)
+            defer { s.subscriptions = [] }
+            return (first, s.subscriptions, s.watchdog, s.restarting, s.bound)
         }
         guard first else { return }
         watchdog?.cancel()
         restarting?.cancel()
-        if let sub { client.unsubscribe(sub) }
+        for sub in subs { client.unsubscribe(sub) }
         if bound, client.isBluetoothdRunning { await stopOnBlueZ() }
         continuation.finish()
         await connection.closeAndWait()
@@ -445,18 +450,18 @@ public final class BlueZDiscovery: Sendable {
 
     /// Ends the discovery on its own (bus lost, adapter removed): what `stop()` does, without calls to BlueZ.
     private func end(_ reason: BlueZError) {
-        let (first, sub, watchdog, restarting) = state.withLock { s in
+        let (first, subs, watchdog, restarting) = state.withLock { s in
             let first = !s.stopped
             s.stopped = true
             if first { s.endReason = reason }
-            defer { s.subscription = nil }
-            return (first, s.subscription, s.watchdog, s.restarting)
+            defer { s.subscriptions = [] }
+            return (first, s.subscriptions, s.watchdog, s.restarting)
         }
         guard first else { return }
         client.logger.warning("discovery on \(adapter.name) ended: \(reason)")
         watchdog?.cancel()
         restarting?.cancel()
-        if let sub { client.unsubscribe(sub) }
+        for sub in subs { client.unsubscribe(sub) }
         continuation.finish()
         let connection = self.connection
         Task { await connection.closeAndWait() }
@@ -528,9 +533,6 @@ public final class BlueZDiscovery: Sendable {
                 device.adapterPath == current
             else { return }
             report(device, advertisement: device.rssi != nil)
-        case .advertisementChanged(_, let device):
-            guard device.adapterPath == current else { return }
-            report(device, advertisement: true)
         case .propertiesChanged(let path, BlueZName.device, let changed, _):
             guard !advertisementKeys.isDisjoint(with: changed.keys), let device = tree.device(at: path),
                 device.adapterPath == current
@@ -629,18 +631,35 @@ public final class BlueZDiscovery: Sendable {
         let now = ContinuousClock.now
         let event: BlueZDiscoveryEvent? = state.withLock { s in
             guard !s.stopped else { return nil }
-            s.lastActivity = now
-            if s.reported.index(forKey: device.path) != nil { return .updated(device) }
-            if s.held.removeValue(forKey: device.path) != nil {
-                // Back after our own restart dropped it: not news.
-                s.reported[device.path] = device
-                return .updated(device)
-            }
-            guard filter.matches(device) else { return nil }
-            s.reported[device.path] = device
-            return .appeared(device)
+            return Self.report(device, now: now, in: &s, filter: filter)
         }
         if let event { continuation.yield(event) }
+    }
+
+    /// An advertisement (the client's fast path, on the I/O thread): `report` and the adapter check of `handle` in
+    /// one pass under the lock.
+    private func advertised(_ device: BlueZDevice) {
+        let now = ContinuousClock.now
+        let event: BlueZDiscoveryEvent? = state.withLock { s in
+            guard !s.stopped, s.bound, device.adapterPath == s.adapter.path else { return nil }
+            return Self.report(device, now: now, in: &s, filter: filter)
+        }
+        if let event { continuation.yield(event) }
+    }
+
+    private static func report(
+        _ device: BlueZDevice, now: ContinuousClock.Instant, in s: inout State, filter: BlueZDiscoveryFilter
+    ) -> BlueZDiscoveryEvent? {
+        s.lastActivity = now
+        if s.reported.index(forKey: device.path) != nil { return .updated(device) }
+        if s.held.removeValue(forKey: device.path) != nil {
+            // Back after our own restart dropped it: not news.
+            s.reported[device.path] = device
+            return .updated(device)
+        }
+        guard filter.matches(device) else { return nil }
+        s.reported[device.path] = device
+        return .appeared(device)
     }
 
     /// Events dropped because the consumer fell behind (it got the current devices instead).

@@ -21,9 +21,6 @@ enum BlueZTreeEvent: Sendable {
     case interfacesRemoved(path: String, interfaces: [String], previous: [String: [String: DBusValue]])
     /// Properties changed or were invalidated.
     case propertiesChanged(path: String, interface: String, changed: [String: DBusValue], invalidated: [String])
-    /// Only advertisement fields of a device changed (RSSI, TxPower, ManufacturerData, ServiceData), the signal
-    /// discovery sends all the time: read straight from the message, with no `changed` dictionary built.
-    case advertisementChanged(path: String, device: BlueZDevice)
     /// `Device1.Disconnected(reason, message)`, emitted right before `Connected: false`.
     case deviceDisconnected(path: String, reason: String, message: String)
     /// The mirror was replaced by a fresh GetManagedObjects.
@@ -46,7 +43,7 @@ extension BlueZTreeEvent {
             return interfaces.contains(BlueZName.adapter) || interfaces.contains(BlueZName.monitorManager)
         case .propertiesChanged(_, let interface, _, _):
             return interface == BlueZName.adapter || interface == BlueZName.monitorManager
-        case .deviceDisconnected, .advertisementChanged:
+        case .deviceDisconnected:
             return false
         case .reloaded, .daemonLost, .busRestored:
             return true
@@ -271,9 +268,10 @@ struct BlueZObjectTree: Sendable {
     /// (`a{sv}` of `ay`) changed. The whole signal is checked before anything is changed. The device value is then
     /// updated (its data overwritten in place when the advertiser sent the same keys as before, as it nearly always
     /// does), the object's properties when anything else touches that object (or `objects` is read), so the mirror
-    /// reads exactly as `apply(_:)` would have left it (a dictionary's entries then in key order). Returns nil,
-    /// having changed nothing, for any other signal or shape: the caller then decodes it and uses `apply(_:)`.
-    mutating func applyAdvertisement(_ signal: DBusSignalView) -> BlueZTreeEvent? {
+    /// reads exactly as `apply(_:)` would have left it (a dictionary's entries then in key order). Returns the device
+    /// as it is now; nil, having changed nothing, for any other signal or shape: the caller then decodes it and uses
+    /// `apply(_:)`.
+    mutating func applyAdvertisement(_ signal: DBusSignalView) -> BlueZDevice? {
         var arguments = signal.arguments()
         guard arguments.string(equals: BlueZName.device), var changed = arguments.enter(),
             let invalidated = arguments.enter(), invalidated.isAtEnd, arguments.isAtEnd,
@@ -338,8 +336,7 @@ struct BlueZObjectTree: Sendable {
             fields.insert(.serviceData)
         }
         if Self.mark(&deviceValues.values[device].ahead, fields) { slotsAhead += 1 }
-        let value = deviceValues.values[device].device
-        return .advertisementChanged(path: value.path, device: value)
+        return deviceValues.values[device].device
     }
 
     /// Adds `fields` to a slot's `ahead`; true when nothing was ahead before. (One access to the slot, in place: a

@@ -100,13 +100,24 @@ final class PendingCall: @unchecked Sendable {
     }
 }
 
-/// A registered signal consumer.
-struct SignalSubscription: Sendable {
-    var rule: DBusMatchRule
-    var deliver: @Sendable (DBusMessage) -> Void
-    var finish: @Sendable () -> Void
+/// A registered signal consumer. A class: the filter walks the list for every signal, and a reference costs one
+/// retain where the fields would cost one each.
+final class SignalSubscription: Sendable {
+    let rule: DBusMatchRule
+    let deliver: @Sendable (DBusMessage) -> Void
+    let finish: @Sendable () -> Void
     /// Set for a subscription that reads signals in place: it gets them instead of `deliver`, with no decoding.
-    var deliverView: (@Sendable (DBusSignalView) -> Void)? = nil
+    let deliverView: (@Sendable (DBusSignalView) -> Void)?
+
+    init(
+        rule: DBusMatchRule, deliver: @escaping @Sendable (DBusMessage) -> Void,
+        finish: @escaping @Sendable () -> Void, deliverView: (@Sendable (DBusSignalView) -> Void)? = nil
+    ) {
+        self.rule = rule
+        self.deliver = deliver
+        self.finish = finish
+        self.deliverView = deliverView
+    }
 }
 
 final class ConnectionCore: @unchecked Sendable {
