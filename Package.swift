@@ -41,7 +41,7 @@ let package = Package(
         // Swift layers.
         .target(name: "Logging"),
         .target(name: "Signals"),
-        .target(name: "DBus", dependencies: ["CDBus"]),
+        .target(name: "DBus", dependencies: ["CDBus", "CLinux"]),
         .target(name: "BlueZ", dependencies: ["DBus", "Logging", "CLinux"]),
         .target(name: "MQTT", dependencies: ["CMosquitto", "CMosquittoIO", "CLinux", "Logging"]),
         .target(name: "GATT"),

@@ -1,6 +1,8 @@
 /* dbus-ref: the reference client of bench/bridge.sh's passive scenario: a bare libdbus client on the simulator's
  * private bus that receives the same advertisement signals as the bridge (PropertiesChanged of org.bluez.Device1,
- * BlueZ's doc/org.bluez.Device.rst) and walks every argument of each, the least any BlueZ client must do.
+ * BlueZ's doc/org.bluez.Device.rst) and walks every argument of each, the least any BlueZ client must do. It also
+ * takes the notifications of the StartNotify path (PropertiesChanged of org.bluez.GattCharacteristic1 with Value,
+ * doc/org.bluez.GattCharacteristic.rst), keyed by the benchmark's u32le counter at the value's offset 0.
  *
  * Each signal is recorded as (CLOCK_MONOTONIC ns, device number, key): the device number is the last two octets of
  * the address in the object path (dev_C0_00_00_00_01_F3 -> 0x01F3), the key the advertisement's sequence number:
@@ -104,7 +106,8 @@ static void handle(DBusMessage *msg) {
     if (!dbus_message_iter_init(msg, &it) || dbus_message_iter_get_arg_type(&it) != DBUS_TYPE_STRING) return;
     const char *interface;
     dbus_message_iter_get_basic(&it, &interface);
-    if (strcmp(interface, "org.bluez.Device1") != 0) return;
+    int characteristic = !strcmp(interface, "org.bluez.GattCharacteristic1");
+    if (!characteristic && strcmp(interface, "org.bluez.Device1") != 0) return;
     signals_total++;
     int key = -1;
     dbus_message_iter_next(&it);
@@ -116,7 +119,13 @@ static void handle(DBusMessage *msg) {
             dbus_message_iter_get_basic(&entry, &name);
             dbus_message_iter_next(&entry);
             dbus_message_iter_recurse(&entry, &variant);
-            if ((!strcmp(name, "ServiceData") || !strcmp(name, "ManufacturerData"))
+            if (characteristic && !strcmp(name, "Value")) {
+                /* A notification (StartNotify): the bench counter, u32le at offset 0. */
+                const unsigned char *b = NULL;
+                int n = 0;
+                walk(&variant, &b, &n);
+                if (b && n >= 4) key = (int)((b[0] | b[1] << 8 | b[2] << 16 | (unsigned)b[3] << 24) & 0x7FFFFFFF);
+            } else if ((!strcmp(name, "ServiceData") || !strcmp(name, "ManufacturerData"))
                 && dbus_message_iter_get_arg_type(&variant) == DBUS_TYPE_ARRAY) {
                 int k = key_of(name, &variant);
                 if (k >= 0) key = k;
@@ -159,6 +168,11 @@ int main(int argc, char **argv) {
         "type='signal',sender='org.bluez',interface='org.freedesktop.DBus.Properties',member='PropertiesChanged',"
         "arg0='org.bluez.Device1'",
         &err);
+    if (!dbus_error_is_set(&err))
+        dbus_bus_add_match(c,
+            "type='signal',sender='org.bluez',interface='org.freedesktop.DBus.Properties',"
+            "member='PropertiesChanged',arg0='org.bluez.GattCharacteristic1'",
+            &err);
     if (dbus_error_is_set(&err)) {
         fprintf(stderr, "dbus-ref: AddMatch failed: %s\n", err.message);
         return 1;

@@ -52,6 +52,8 @@ public final class BlueZClient: Sendable {
             didSet { advertisementHandlers = advertisementSubscribers.map(\.handler) }
         }
         private(set) var advertisementHandlers: [@Sendable (BlueZDevice) -> Void] = []
+        /// Where the notifications of a characteristic subscribed with StartNotify go (`routeValues`), by its path.
+        var valueRoutes: [String: [(id: UInt64, handler: @Sendable ([UInt8]) -> Void)]] = [:]
         var nextID: UInt64 = 0
         var pump: Task<Void, Never>?
         var closed = false
@@ -252,17 +254,31 @@ public final class BlueZClient: Sendable {
     /// decoded and applied as a message.
     /// An advertisement goes to the advertisement subscribers only, with the device as it is now and no copy of the
     /// tree: it is the signal discovery sends all the time, and nothing else needs it.
+    /// A notification of a characteristic subscribed with StartNotify goes to its route only (`routeValues`), as
+    /// read from the message: not decoded into a dictionary and handed to every subscriber, which with a hundred
+    /// connected devices made each value cost a hundred handler calls.
     fileprivate func dispatch(_ signal: DBusSignalView) {
-        let result = core.withLock { core -> (BlueZDevice, [@Sendable (BlueZDevice) -> Void])? in
-            guard signal.isSignal(interface: BlueZName.properties, member: "PropertiesChanged"),
-                let device = core.tree.applyAdvertisement(signal)
-            else { return nil }
-            return (device, core.advertisementHandlers)
+        enum Fast {
+            case advertisement(BlueZDevice, [@Sendable (BlueZDevice) -> Void])
+            case value([UInt8], [(id: UInt64, handler: @Sendable ([UInt8]) -> Void)])
         }
-        if let (device, handlers) = result {
+        let result = core.withLock { core -> Fast? in
+            guard signal.isSignal(interface: BlueZName.properties, member: "PropertiesChanged") else { return nil }
+            if let device = core.tree.applyAdvertisement(signal) {
+                return .advertisement(device, core.advertisementHandlers)
+            }
+            guard !core.valueRoutes.isEmpty, let (path, value) = BlueZObjectTree.readValueSignal(signal),
+                let routes = core.valueRoutes[path], core.tree.setValue(value, at: path)
+            else { return nil }
+            return .value(value, routes)
+        }
+        switch result {
+        case .advertisement(let device, let handlers)?:
             for h in handlers { h(device) }
-        } else if let message = try? signal.decode() {
-            dispatch(message)
+        case .value(let value, let routes)?:
+            for r in routes { r.handler(value) }
+        case nil:
+            if let message = try? signal.decode() { dispatch(message) }
         }
     }
 
@@ -296,6 +312,25 @@ public final class BlueZClient: Sendable {
             core.nextID += 1
             core.advertisementSubscribers.append((core.nextID, handler))
             return core.nextID
+        }
+    }
+
+    /// Sends the notifications of the characteristic at `path` (a `PropertiesChanged` that changed its `Value` alone)
+    /// to `handler` instead of to the `subscribe` handlers, on the D-Bus I/O thread in signal order. Any other change
+    /// of the characteristic (`Notifying`, a `Value` with other properties) still goes to every subscriber. It must
+    /// not block. `unrouteValues` removes it.
+    func routeValues(of path: String, to handler: @escaping @Sendable ([UInt8]) -> Void) -> UInt64 {
+        core.withLock { core in
+            core.nextID += 1
+            core.valueRoutes[path, default: []].append((core.nextID, handler))
+            return core.nextID
+        }
+    }
+
+    func unrouteValues(of path: String, id: UInt64) {
+        core.withLock { core in
+            core.valueRoutes[path]?.removeAll { $0.id == id }
+            if core.valueRoutes[path]?.isEmpty == true { core.valueRoutes[path] = nil }
         }
     }
 

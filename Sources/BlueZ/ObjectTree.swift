@@ -339,6 +339,30 @@ struct BlueZObjectTree: Sendable {
         return deviceValues.values[device].device
     }
 
+    /// A notification under StartNotify, read in place: `PropertiesChanged` of `GattCharacteristic1` that changed
+    /// `Value` (an `ay`) and nothing else, with nothing invalidated. Returns the object path and the value; nil for
+    /// any other signal or shape. Nothing is changed: `setValue(_:at:)` stores it.
+    static func readValueSignal(_ signal: DBusSignalView) -> (path: String, value: [UInt8])? {
+        var arguments = signal.arguments()
+        guard arguments.string(equals: BlueZName.characteristic), var changed = arguments.enter(),
+            let invalidated = arguments.enter(), invalidated.isAtEnd, arguments.isAtEnd,
+            var entry = changed.enter(), changed.isAtEnd, entry.string(equals: "Value"),
+            var variant = entry.enter(), entry.isAtEnd, let value = variant.bytes(), variant.isAtEnd,
+            let path = signal.path
+        else { return nil }
+        return (path, value)
+    }
+
+    /// Stores a characteristic's `Value` as `apply(_:)` stores it from a `PropertiesChanged`; false (nothing
+    /// changed) when the mirror has no such characteristic.
+    mutating func setValue(_ value: [UInt8], at path: String) -> Bool {
+        guard let at = storage.index(forKey: path), storage.values[at][BlueZName.characteristic] != nil else {
+            return false
+        }
+        storage.values[at][BlueZName.characteristic]?["Value"] = .bytes(value)
+        return true
+    }
+
     /// Adds `fields` to a slot's `ahead`; true when nothing was ahead before. (One access to the slot, in place: a
     /// read through `Dictionary.Values` copies the whole device value.)
     private static func mark(_ ahead: inout AdvertisementFields, _ fields: AdvertisementFields) -> Bool {

@@ -125,6 +125,8 @@ public final class BlueZPeripheral: Sendable {
         var sawConnected: Bool?
         var subscription: UInt64?
         var sessions: [String: NotifySession] = [:]
+        /// The client's value route of each session (`BlueZClient.routeValues`), by characteristic path.
+        var valueRoutes: [String: UInt64] = [:]
         var waiters: [ObjectIdentifier: OneShot<BlueZDisconnectReason>] = [:]
         var negotiatedMTU: Int?
         /// This peripheral called Device1.Connect (so a cancelled connect takes the link down again).
@@ -141,8 +143,11 @@ public final class BlueZPeripheral: Sendable {
     }
 
     deinit {
-        let (subscription, live) = state.withLock { ($0.subscription, $0.connected && $0.disconnection == nil) }
+        let (subscription, live, routes) = state.withLock {
+            ($0.subscription, $0.connected && $0.disconnection == nil, $0.valueRoutes)
+        }
         if let subscription { client.unsubscribe(subscription) }
+        for (path, id) in routes { client.unrouteValues(of: path, id: id) }
         if live {
             // Dropped while connected, without disconnect(): the link must not outlive its owner. Nobody is left to
             // wait for the answer, so the Disconnect goes out without one.
@@ -292,6 +297,8 @@ public final class BlueZPeripheral: Sendable {
             s.disconnection = reason
             let sessions = Array(s.sessions.values)
             s.sessions = [:]
+            for (path, id) in s.valueRoutes { client.unrouteValues(of: path, id: id) }
+            s.valueRoutes = [:]
             let waiters = Array(s.waiters.values)
             s.waiters = [:]
             defer { s.subscription = nil }
@@ -737,9 +744,7 @@ public final class BlueZPeripheral: Sendable {
                 current.path, interface: BlueZName.characteristic, method: "StartNotify", arguments: [],
                 operation: op, timeout: .seconds(10))
         } catch {
-            state.withLock { s in
-                if s.sessions[current.path] === session { s.sessions[current.path] = nil }
-            }
+            unregister(session)
             session.end(nil)
             throw error
         }
@@ -747,18 +752,28 @@ public final class BlueZPeripheral: Sendable {
         return session.stream
     }
 
+    /// Makes `session` the characteristic's, with the client's value route to it (its StartNotify values then come
+    /// straight from the D-Bus I/O thread, not through `handle`). The route holds the session; `unregister` and
+    /// `finish` (and deinit) remove it.
     private func register(_ session: NotifySession) {
+        let path = session.characteristic.path
+        let client = self.client
         let ended = state.withLock { s -> BlueZDisconnectReason? in
             if let d = s.disconnection { return d }
-            s.sessions[session.characteristic.path] = session
+            s.sessions[path] = session
+            if let old = s.valueRoutes.removeValue(forKey: path) { client.unrouteValues(of: path, id: old) }
+            s.valueRoutes[path] = client.routeValues(of: path) { value in session.deliver(value) }
             return nil
         }
         if let ended { session.end(.disconnected(device: label, reason: ended)) }
     }
 
     func unregister(_ session: NotifySession) {
+        let path = session.characteristic.path
         state.withLock { s in
-            if s.sessions[session.characteristic.path] === session { s.sessions[session.characteristic.path] = nil }
+            guard s.sessions[path] === session else { return }
+            s.sessions[path] = nil
+            if let id = s.valueRoutes.removeValue(forKey: path) { client.unrouteValues(of: path, id: id) }
         }
     }
 

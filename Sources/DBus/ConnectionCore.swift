@@ -924,11 +924,15 @@ final class IOLoop: Sendable {
         var owners: [OpaquePointer] = []
         var spans: [(start: Int, owners: Range<Int>)] = []
         var drain = [UInt8](repeating: 0, count: 256)
+        // The kernel's side of the wait: an epoll set, registered again from scratch whenever connections come or
+        // go (their descriptor numbers may then be reused by other sockets).
+        var pollSet = PollSet()
         while true {
             let added = state.withLock { s -> [ConnectionCore] in
                 defer { s.adding = [] }
                 return s.adding
             }
+            if !added.isEmpty { pollSet.reset() }
             for core in added {
                 core.setUp()
                 cores.append(core)
@@ -941,6 +945,7 @@ final class IOLoop: Sendable {
                     // Stopping: close once written out, or after at most about a second.
                     if core.isFlushed || ConnectionCore.now() >= deadline {
                         cores.remove(at: index)
+                        pollSet.reset()
                         core.finishShutdown()
                         core.markExited()
                         continue
@@ -967,8 +972,8 @@ final class IOLoop: Sendable {
                 for core in cores { core.wokeUp() }
                 continue
             }
-            // One poll over everything: the loop's own wake-up socket (a connection was added), then each
-            // connection's wake-up socket and watches.
+            // One wait over everything: the loop's own wake-up socket (a connection was added), then each
+            // connection's wake-up socket and watches (poll(2)'s list, waited for with epoll: PollSet).
             fds.removeAll(keepingCapacity: true)
             fds.append(pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0))
             spans.removeAll(keepingCapacity: true)
@@ -992,7 +997,7 @@ final class IOLoop: Sendable {
                 let remaining = Int32(min(max(0, emptyRoundDue - now), 1000))
                 timeoutMs = timeoutMs < 0 ? remaining : min(timeoutMs, remaining)
             }
-            let rc = poll(&fds, nfds_t(fds.count), timeoutMs)
+            let rc = pollSet.wait(&fds, timeoutMs: timeoutMs)
             let failed = rc < 0 && errno != EINTR
             if !failed, fds[0].revents != 0 {
                 let n = drain.count

@@ -4,6 +4,11 @@
 // the device number (the address's last two octets) and the advertisement's sequence number, so the script can
 // count what each client received in the same window and what ours missed.
 //   bench-adverts --bus ADDRESS --out FILE     runs until SIGTERM/SIGINT, then writes FILE and exits
+//   bench-adverts --bus ADDRESS --out FILE --notify UUID
+//       the StartNotify path instead: connects to every device the simulator advertises, subscribes to the
+//       characteristic UUID with StartNotify (values from PropertiesChanged(Value), as for an indication), decodes
+//       each value with a declarative parser (`seq`: u32le at 0, as bench/bridge-gen.py's bench_seq) and records
+//       it with the value's counter as the key
 import BlueZ
 import Dispatch
 import GATT
@@ -24,13 +29,15 @@ func fail(_ text: String) -> Never {
 
 var address: String?
 var out: String?
+var notifyUUID: String?
 var arguments = CommandLine.arguments.dropFirst()
 while let a = arguments.popFirst() {
     guard let v = arguments.popFirst() else { fail("\(a) needs a value") }
     switch a {
     case "--bus": address = v
     case "--out": out = v
-    default: fail("unknown option \(a) (options: --bus ADDRESS --out FILE)")
+    case "--notify": notifyUUID = v
+    default: fail("unknown option \(a) (options: --bus ADDRESS --out FILE [--notify UUID])")
     }
 }
 guard let address, let out else { fail("--bus ADDRESS and --out FILE are required") }
@@ -165,9 +172,89 @@ let bthome = AdvertisementSource.serviceData(BluetoothUUID(UInt16(0xFCD2)))
     }
 }
 
+/// The StartNotify path's registry: the built-in parsers and bench_seq (`seq`, u32le at 0) for the benchmark's
+/// characteristic, as the bridge builds it from its configuration.
+func notifyRegistry(_ uuid: String) -> GATTParserRegistry {
+    do {
+        var r = try GATTParserRegistry.builtIn()
+        try r.register(
+            DeclarativeParser(
+                DeclarativeParserSpec(
+                    name: "bench_seq", uuid: uuid, fields: [DeclarativeFieldSpec(name: "seq", type: "u32le", offset: 0)])))
+        return r
+    } catch {
+        fail("registry: \(error)")
+    }
+}
+
+/// Decodes one notification as the bridge does and records it under `device` with its counter as the key.
+@Sendable func recordValue(_ value: [UInt8], device: Int32, uuid: BluetoothUUID, registry: GATTParserRegistry) {
+    let t = nowNS()
+    var key: Int32 = -1
+    let ok: Bool
+    do {
+        let r = try registry.decode(uuid, value)
+        if case .int(let s)? = r["seq"] { key = Int32(truncatingIfNeeded: s & 0x7FFF_FFFF) }
+        ok = true
+    } catch {
+        ok = false
+    }
+    lock.with {
+        if ok { recorder.decoded += 1 } else { recorder.errors += 1 }
+        recorder.t.append(t)
+        recorder.device.append(device)
+        recorder.key.append(key)
+        if recorder.t.count == 1000, let count = allocationCounter { recorder.baseline = (count(), 1000) }
+    }
+}
+
+/// Connects to every advertising device that has `uuid` and subscribes to it with StartNotify, each value handed
+/// over on the D-Bus I/O thread (the bridge's way); returns the peripherals, which must stay alive.
+func startNotifyPath(_ client: BlueZClient, uuid text: String) async throws -> [BlueZPeripheral] {
+    guard let uuid = BluetoothUUID(text) else { fail("--notify: \(text) is not a UUID") }
+    let registry = notifyRegistry(text)
+    // Every device the simulator has: scan until the count stops growing.
+    var devices: [BlueZDevice] = []
+    var scans: [BlueZDiscovery] = []
+    for adapter in client.adapters {
+        scans.append(try await client.startDiscovery(on: adapter, filter: BlueZDiscoveryFilter()))
+    }
+    var stable = 0
+    while stable < 6 {
+        try await Task.sleep(for: .milliseconds(500))
+        let now = client.devices()
+        stable = now.count == devices.count ? stable + 1 : 0
+        devices = now
+    }
+    for scan in scans { await scan.stop() }
+    var peripherals: [BlueZPeripheral] = []
+    for d in devices.sorted(by: { $0.address < $1.address }) {
+        let p = try await client.connect(d)
+        guard let c = p.characteristics(uuid: text).first else {
+            await p.disconnect()
+            continue
+        }
+        let n = deviceNumber(d.address)
+        _ = try await p.notifications(for: c, preferAcquire: false, mapError: { $0 }) { value in
+            recordValue(value, device: n, uuid: uuid, registry: registry)
+        }
+        peripherals.append(p)
+    }
+    say("subscribed to \(peripherals.count) device(s) with StartNotify")
+    return peripherals
+}
+
 do {
     let client = try BlueZClient(bus: .address(address))
     try await client.start()
+    if let notifyUUID {
+        let peripherals = try await startNotifyPath(client, uuid: notifyUUID)
+        say("ready")
+        while true {
+            try await Task.sleep(for: .seconds(3600))
+            _ = peripherals.count
+        }
+    }
     guard let adapter = client.adapters.first else { fail("no adapter") }
     // The bridge's way: events handed over on the D-Bus I/O thread as each signal is dispatched.
     let discovery = try await client.startDiscovery(

@@ -382,6 +382,69 @@ private func baseTree() -> BlueZObjectTree {
         #expect(inPlace.device(address: "AA:BB:CC:DD:EE:00", adapterPath: nil)?.manufacturerData == [0x0499: [8]])
     }
 
+    /// A StartNotify notification read in place (`readValueSignal` + `setValue`) leaves the mirror as `apply(_:)`
+    /// does; any other shape is declined.
+    @Test func characteristicValueReadInPlaceReadsAsDecoded() throws {
+        let char = dev + "/service0010/char0011"
+        func tree() -> BlueZObjectTree {
+            var t = baseTree()
+            _ = t.apply(
+                signal(
+                    "/", "org.freedesktop.DBus.ObjectManager", "InterfacesAdded",
+                    [
+                        .objectPath(DBusObjectPath(stringLiteral: char)),
+                        interfaces([
+                            (
+                                "org.bluez.GattCharacteristic1",
+                                props([
+                                    ("UUID", .string("00002a37-0000-1000-8000-00805f9b34fb")), ("Value", .bytes([1])),
+                                    ("Notifying", .boolean(true)),
+                                ])
+                            )
+                        ]),
+                    ]))
+            return t
+        }
+        func changed(_ interface: String, _ entries: [(String, DBusValue)], invalidated: [String] = []) -> DBusMessage
+        {
+            signal(
+                char, "org.freedesktop.DBus.Properties", "PropertiesChanged",
+                [.string(interface), props(entries), .stringArray(invalidated)])
+        }
+        func readValue(_ message: DBusMessage) throws -> (path: String, value: [UInt8])? {
+            try DBusSignalView.withView(of: message) { BlueZObjectTree.readValueSignal($0) }
+        }
+        #expect(tree().characteristic(at: char)?.value == [1])
+        for value: [UInt8] in [[0, 72], [], Array(0..<200)] {
+            let message = changed("org.bluez.GattCharacteristic1", [("Value", .bytes(value))])
+            let read = try readValue(message)
+            #expect(read?.path == char)
+            #expect(read?.value == value)
+            var decoded = tree()
+            _ = decoded.apply(message)
+            var inPlace = tree()
+            let stored = inPlace.setValue(value, at: char)
+            #expect(stored)
+            #expect(inPlace.objects == decoded.objects)
+            #expect(inPlace.characteristic(at: char)?.value == value)
+        }
+        // Not a StartNotify value alone: declined.
+        let declined = [
+            changed("org.bluez.GattCharacteristic1", [("Value", .bytes([1])), ("Notifying", .boolean(false))]),
+            changed("org.bluez.GattCharacteristic1", [("Notifying", .boolean(false))]),
+            changed("org.bluez.GattCharacteristic1", [("Value", .bytes([1]))], invalidated: ["Flags"]),
+            changed("org.bluez.GattCharacteristic1", [("Value", .string("x"))]),
+            changed("org.bluez.GattDescriptor1", [("Value", .bytes([1]))]),
+            changed("org.bluez.GattCharacteristic1", []),
+        ]
+        for message in declined { #expect(try readValue(message) == nil) }
+        // Unknown to the mirror: nothing stored.
+        var t = tree()
+        let stored = t.setValue([1], at: char + "/nothing")
+        #expect(!stored)
+        #expect(t.objects == tree().objects)
+    }
+
     /// Data overwritten in place (the same keys as before) and rebuilt (other keys): a run of advertisements on one
     /// mirror reads like the decoded path at every step, and a device value taken before a step keeps its data.
     @Test func dataOverwrittenInPlaceReadsAsDecodedAndCopiesKeepTheirValues() throws {
