@@ -35,7 +35,8 @@ import Testing
     @Test func reportsWhatPollReports() throws {
         let (a, a2) = try pair()
         let (b, b2) = try pair()
-        defer { for fd in [a, a2, b, b2] { close(fd) } }
+        // b2 is closed by the test itself (closing it twice could close another test's descriptor meanwhile).
+        defer { for fd in [a, a2, b] { close(fd) } }
         var set = PollSet()
         var list = [
             pollfd(fd: a, events: Int16(POLLIN), revents: 0), pollfd(fd: b, events: Int16(POLLIN), revents: 0),
@@ -89,9 +90,21 @@ import Testing
         #expect(list[0].revents == Int16(POLLIN))
     }
 
+    /// Moves a descriptor to a number far above those the other tests (running meanwhile) are handed, so that
+    /// once closed it stays closed: the lowest free number goes to the next socket any test opens.
+    private func highNumbered(_ fd: Int32) throws -> Int32 {
+        var limit = rlimit()
+        getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+        let high = fcntl(fd, F_DUPFD_CLOEXEC, Int32(min(UInt64(limit.rlim_cur), 4096) - 64))
+        close(fd)
+        guard high >= 0 else { throw POSIXError(.EMFILE) }
+        return high
+    }
+
     @Test func aClosedDescriptorIsInvalidAndAReusedNumberIsWatchedAfterAReset() throws {
         var set = PollSet()
-        let (a, a2) = try pair()
+        let (low, a2) = try pair()
+        let a = try highNumbered(low)
         var list = [pollfd(fd: a, events: Int16(POLLIN), revents: 0)]
         #expect(set.wait(&list, timeoutMs: 0) == 0)
         close(a)
@@ -104,8 +117,11 @@ import Testing
         #expect(set.wait(&list, timeoutMs: 5000) == 1)
         #expect(list[0].revents == Int16(POLLNVAL))
         // The number taken by another socket (the loop resets when connections change): its data is seen.
-        let (c, c2) = try pair()
+        let (other, c2) = try pair()
+        let c = dup2(other, a)
+        close(other)
         defer { for fd in [c, c2] { close(fd) } }
+        #expect(c == a)
         set.reset()
         var again = [pollfd(fd: c, events: Int16(POLLIN), revents: 0)]
         #expect(set.wait(&again, timeoutMs: 0) == 0)
