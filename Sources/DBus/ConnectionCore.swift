@@ -646,8 +646,10 @@ final class ConnectionCore: @unchecked Sendable {
     }
 
     /// Handles what poll reported for this connection's descriptors (`fds`: the wake-up socket, then one per
-    /// `owners` entry) and runs the timeouts that are due. `failed`: poll itself failed (only the flags are reset).
-    fileprivate func handlePoll(_ fds: ArraySlice<pollfd>, owners: ArraySlice<OpaquePointer>, failed: Bool) {
+    /// `owners` entry) and runs the timeouts due at `now`. `failed`: poll itself failed (only the flags are reset).
+    fileprivate func handlePoll(
+        _ fds: ArraySlice<pollfd>, owners: ArraySlice<OpaquePointer>, now: Int64, failed: Bool
+    ) {
         wokeUp()
         if failed { return }
         let first = fds.startIndex
@@ -665,16 +667,30 @@ final class ConnectionCore: @unchecked Sendable {
             if revents & Int32(POLLHUP) != 0 { flags |= DBUS_WATCH_HANGUP.rawValue }
             _ = dbus_watch_handle(pointer, flags)
         }
-        let after = ConnectionCore.now()
-        let due = timeouts.filter { $0.enabled && $0.deadline <= after }.map(\.pointer)
+        guard timeouts.contains(where: { $0.enabled && $0.deadline <= now }) else { return }
+        let due = timeouts.filter { $0.enabled && $0.deadline <= now }.map(\.pointer)
         for pointer in due {
             guard let index = timeouts.firstIndex(where: { $0.pointer == pointer }), timeouts[index].enabled else {
                 continue
             }
-            timeouts[index].deadline = after + timeouts[index].interval
+            timeouts[index].deadline = now + timeouts[index].interval
             _ = dbus_timeout_handle(pointer)
         }
     }
+
+    /// Whether `handlePoll` has anything to do for this connection: one of its descriptors has events, or one of
+    /// its timeouts is due at `now`.
+    fileprivate func hasEvents(_ fds: ArraySlice<pollfd>, now: Int64) -> Bool {
+        for f in fds where f.revents != 0 { return true }
+        for timeout in timeouts where timeout.enabled && timeout.deadline <= now { return true }
+        return false
+    }
+
+    /// I/O-thread-only: the loop runs this connection's round (`step`) only while this is true. False once it
+    /// went to sleep (`prepareSleep`), true again when poll reports one of its descriptors or a timeout is due:
+    /// work queued meanwhile wakes it through its wake-up socket, which poll reports. With a connection per
+    /// peripheral, a round that looked at every connection cost a third of the loop's CPU at a hundred devices.
+    fileprivate var needsStep = true
 
     /// While stopping: until when the loop goes on polling this connection so that what is still queued gets
     /// written (never hanging on a stuck bus, and never holding up the other connections meanwhile).
@@ -927,6 +943,7 @@ final class IOLoop: Sendable {
         // The kernel's side of the wait: an epoll set, registered again from scratch whenever connections come or
         // go (their descriptor numbers may then be reused by other sockets).
         var pollSet = PollSet()
+        var roundsWithoutWait = 0
         while true {
             let added = state.withLock { s -> [ConnectionCore] in
                 defer { s.adding = [] }
@@ -953,6 +970,10 @@ final class IOLoop: Sendable {
                     index += 1
                     continue
                 }
+                guard core.needsStep else {
+                    index += 1
+                    continue
+                }
                 switch core.step() {
                 case .stopped:
                     // Looked at again right away: most connections have nothing left to write.
@@ -965,13 +986,21 @@ final class IOLoop: Sendable {
                 }
                 index += 1
             }
-            if busy { continue }
-            var asleep = true
-            for core in cores where core.flushDeadline == nil && !core.prepareSleep() { asleep = false }
-            if !asleep {
-                for core in cores { core.wokeUp() }
+            // Connections that went to sleep stay asleep until poll reports them: work queued for them from now on
+            // writes to their wake-up socket. One that may not sleep yet (work came in) keeps the loop from waiting,
+            // and goes round again at once; but every few rounds the loop still looks (without waiting) at what the
+            // sleeping ones have, so that one busy connection cannot hold up the others.
+            var asleep = !busy
+            if asleep {
+                for core in cores where core.needsStep && core.flushDeadline == nil {
+                    if core.prepareSleep() { core.needsStep = false } else { asleep = false }
+                }
+            }
+            if !asleep, roundsWithoutWait < 8 {
+                roundsWithoutWait += 1
                 continue
             }
+            roundsWithoutWait = 0
             // One wait over everything: the loop's own wake-up socket (a connection was added), then each
             // connection's wake-up socket and watches (poll(2)'s list, waited for with epoll: PollSet).
             fds.removeAll(keepingCapacity: true)
@@ -997,17 +1026,22 @@ final class IOLoop: Sendable {
                 let remaining = Int32(min(max(0, emptyRoundDue - now), 1000))
                 timeoutMs = timeoutMs < 0 ? remaining : min(timeoutMs, remaining)
             }
+            if !asleep { timeoutMs = 0 }
             let rc = pollSet.wait(&fds, timeoutMs: timeoutMs)
             let failed = rc < 0 && errno != EINTR
             if !failed, fds[0].revents != 0 {
                 let n = drain.count
                 while drain.withUnsafeMutableBytes({ Glibc.read(wakeRead, $0.baseAddress, n) }) == n {}
             }
+            let after = ConnectionCore.now()
             for (core, span) in zip(cores, spans) {
-                core.handlePoll(
-                    fds[span.start..<(span.start + 1 + span.owners.count)], owners: owners[span.owners], failed: failed)
+                let slice = fds[span.start..<(span.start + 1 + span.owners.count)]
+                // A sleeping connection with nothing reported sleeps on, untouched.
+                guard failed || core.flushDeadline != nil || core.hasEvents(slice, now: after) else { continue }
+                core.handlePoll(slice, owners: owners[span.owners], now: after, failed: failed)
+                core.needsStep = true
             }
-            if emptyRoundDue > 0, ConnectionCore.now() >= emptyRoundDue {
+            if emptyRoundDue > 0, after >= emptyRoundDue {
                 // Cleared first: an observer may ask for the next one from its `end`.
                 _ = DBusDispatchRounds.emptyRoundDue.compareExchange(
                     expected: emptyRoundDue, desired: 0, ordering: .relaxed)
