@@ -5,6 +5,7 @@
 // (`IOLoop`) serves every connection of the process: a bridge with a connection per peripheral would otherwise
 // have a thread per peripheral.
 internal import CDBus
+internal import CLinux
 import Dispatch
 import Synchronization
 
@@ -622,51 +623,127 @@ final class ConnectionCore: @unchecked Sendable {
         return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
     }
 
-    /// Appends the descriptors to poll (the wake-up socket, then the enabled watches) and returns the watch of each
-    /// appended descriptor after the first.
-    fileprivate func appendPollDescriptors(_ fds: inout [pollfd], owners: inout [OpaquePointer]) {
-        fds.append(pollfd(fd: wakeFD, events: Int16(POLLIN), revents: 0))
-        for watch in watches where watch.enabled {
-            var events: Int16 = 0
-            if watch.flags & DBUS_WATCH_READABLE.rawValue != 0 { events |= Int16(POLLIN) }
-            if watch.flags & DBUS_WATCH_WRITABLE.rawValue != 0 { events |= Int16(POLLOUT) }
-            fds.append(pollfd(fd: watch.fd, events: events, revents: 0))
-            owners.append(watch.pointer)
+    // MARK: the loop's epoll set (I/O thread)
+
+    /// The loop's epoll set, and this connection's place in the loop (`IOLoop.token`); -1 when not (or no longer)
+    /// registered.
+    private var epoll: Int32 = -1
+    fileprivate var slot = 0
+    /// The descriptors this connection has in the epoll set, with the events registered for each: its wake-up
+    /// socket, and the union of its enabled watches on each watched descriptor (libdbus watches one socket twice,
+    /// for reading and for writing; epoll takes a descriptor once).
+    private var registered: [(fd: Int32, events: UInt32)] = []
+    /// Watched descriptors that epoll refused: reported to their watches as an error by `reportUnpollable`.
+    private var unpollable: [Int32] = []
+
+    /// Joins the loop's epoll set under `slot` (its wake-up socket at once, watches as libdbus adds them).
+    fileprivate func attach(epoll: Int32, slot: Int) {
+        self.epoll = epoll
+        self.slot = slot
+        register(wakeFD, events: UInt32(EPOLLIN.rawValue))
+    }
+
+    /// Leaves the epoll set (before the connection closes its socket): nothing of it is reported from now on.
+    fileprivate func detach() {
+        guard epoll >= 0 else { return }
+        for entry in registered { _ = epoll_ctl(epoll, EPOLL_CTL_DEL, entry.fd, nil) }
+        registered.removeAll()
+        epoll = -1
+    }
+
+    /// Sets the events registered for `fd` (0: out of the set).
+    private func register(_ fd: Int32, events: UInt32) {
+        guard epoll >= 0, fd >= 0 else { return }
+        let index = registered.firstIndex { $0.fd == fd }
+        if let index, registered[index].events == events { return }
+        if events == 0 {
+            if let index {
+                _ = epoll_ctl(epoll, EPOLL_CTL_DEL, fd, nil)
+                registered.remove(at: index)
+            }
+            return
+        }
+        var event = epoll_event()
+        event.events = events
+        event.data.u64 = IOLoop.token(slot: slot, fd: fd)
+        var rc = epoll_ctl(epoll, index == nil ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, fd, &event)
+        // The kernel's view differs from ours: the descriptor was closed and its number reused (dropped from the set
+        // without a word), or it is still there under an earlier registration.
+        if rc < 0, errno == EEXIST {
+            rc = epoll_ctl(epoll, EPOLL_CTL_MOD, fd, &event)
+        } else if rc < 0, errno == ENOENT {
+            rc = epoll_ctl(epoll, EPOLL_CTL_ADD, fd, &event)
+        }
+        if rc == 0 {
+            if let index { registered[index].events = events } else { registered.append((fd, events)) }
+        } else {
+            if let index { registered.remove(at: index) }
+            if fd != wakeFD, !unpollable.contains(fd) { unpollable.append(fd) }
         }
     }
 
-    /// Milliseconds until the next enabled libdbus timeout is due (-1: none).
-    fileprivate func pollTimeout(now: Int64) -> Int32 {
-        var timeoutMs: Int32 = -1
-        for timeout in timeouts where timeout.enabled {
-            let remaining = max(0, timeout.deadline - now)
-            if timeoutMs < 0 || remaining < Int64(timeoutMs) { timeoutMs = Int32(min(remaining, Int64(Int32.max))) }
+    /// Registers what the enabled watches on `fd` wait for.
+    private func syncWatches(_ fd: Int32) {
+        var events: UInt32 = 0
+        for watch in watches where watch.fd == fd && watch.enabled {
+            if watch.flags & DBUS_WATCH_READABLE.rawValue != 0 { events |= UInt32(EPOLLIN.rawValue) }
+            if watch.flags & DBUS_WATCH_WRITABLE.rawValue != 0 { events |= UInt32(EPOLLOUT.rawValue) }
         }
-        return timeoutMs
+        register(fd, events: events)
     }
 
-    /// Handles what poll reported for this connection's descriptors (`fds`: the wake-up socket, then one per
-    /// `owners` entry) and runs the timeouts due at `now`. `failed`: poll itself failed (only the flags are reset).
-    fileprivate func handlePoll(
-        _ fds: ArraySlice<pollfd>, owners: ArraySlice<OpaquePointer>, now: Int64, failed: Bool
-    ) {
-        wokeUp()
-        if failed { return }
-        let first = fds.startIndex
-        if fds[first].revents != 0 {
-            var buffer = [UInt8](repeating: 0, count: 256)
-            while Glibc.read(wakeFD, &buffer, buffer.count) == buffer.count {}
+    /// Handles what epoll reported for one of this connection's descriptors.
+    fileprivate func handleReady(fd: Int32, events: UInt32) {
+        if fd == wakeFD {
+            var buffer = (UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0))
+            let size = MemoryLayout.size(ofValue: buffer)
+            while withUnsafeMutableBytes(of: &buffer, { Glibc.read(wakeFD, $0.baseAddress, size) }) == size {}
+            return
         }
-        for (offset, pointer) in zip(0..., owners) {
-            let revents = Int32(fds[first + 1 + offset].revents)
-            guard revents != 0, watches.contains(where: { $0.pointer == pointer && $0.enabled }) else { continue }
+        handleWatches(fd: fd, events: events)
+    }
+
+    private func handleWatches(fd: Int32, events: UInt32) {
+        // Handling one watch may remove or disable the other (libdbus frees a removed watch): each is looked up
+        // again before it is handled. `snapshot` shares the list's storage (copied only if a handler changes it).
+        let snapshot = watches
+        for candidate in snapshot where candidate.fd == fd && candidate.enabled {
+            let pointer = candidate.pointer
+            guard let watch = watches.first(where: { $0.pointer == pointer && $0.enabled }) else { continue }
             var flags: UInt32 = 0
-            if revents & Int32(POLLIN) != 0 { flags |= DBUS_WATCH_READABLE.rawValue }
-            if revents & Int32(POLLOUT) != 0 { flags |= DBUS_WATCH_WRITABLE.rawValue }
-            if revents & Int32(POLLERR) != 0 { flags |= DBUS_WATCH_ERROR.rawValue }
-            if revents & Int32(POLLHUP) != 0 { flags |= DBUS_WATCH_HANGUP.rawValue }
+            if events & UInt32(EPOLLIN.rawValue) != 0, watch.flags & DBUS_WATCH_READABLE.rawValue != 0 {
+                flags |= DBUS_WATCH_READABLE.rawValue
+            }
+            if events & UInt32(EPOLLOUT.rawValue) != 0, watch.flags & DBUS_WATCH_WRITABLE.rawValue != 0 {
+                flags |= DBUS_WATCH_WRITABLE.rawValue
+            }
+            if events & UInt32(EPOLLERR.rawValue) != 0 { flags |= DBUS_WATCH_ERROR.rawValue }
+            if events & UInt32(EPOLLHUP.rawValue) != 0 { flags |= DBUS_WATCH_HANGUP.rawValue }
+            guard flags != 0 else { continue }
             _ = dbus_watch_handle(pointer, flags)
         }
+    }
+
+    /// Tells the watches of descriptors epoll refused that their descriptor failed (libdbus then drops the
+    /// connection: a socket that cannot be waited for cannot be used); outside libdbus's callbacks.
+    fileprivate func reportUnpollable() {
+        guard !unpollable.isEmpty else { return }
+        let fds = unpollable
+        unpollable.removeAll()
+        for fd in fds {
+            handleWatches(fd: fd, events: UInt32(EPOLLERR.rawValue) | UInt32(EPOLLHUP.rawValue))
+        }
+    }
+
+    /// When the next enabled libdbus timeout is due (`Int64.max`: none).
+    fileprivate var nextDeadline: Int64 {
+        var next = Int64.max
+        for timeout in timeouts where timeout.enabled && timeout.deadline < next { next = timeout.deadline }
+        return next
+    }
+
+    /// Runs the timeouts due at `now`.
+    fileprivate func runDueTimeouts(now: Int64) {
         guard timeouts.contains(where: { $0.enabled && $0.deadline <= now }) else { return }
         let due = timeouts.filter { $0.enabled && $0.deadline <= now }.map(\.pointer)
         for pointer in due {
@@ -678,19 +755,11 @@ final class ConnectionCore: @unchecked Sendable {
         }
     }
 
-    /// Whether `handlePoll` has anything to do for this connection: one of its descriptors has events, or one of
-    /// its timeouts is due at `now`.
-    fileprivate func hasEvents(_ fds: ArraySlice<pollfd>, now: Int64) -> Bool {
-        for f in fds where f.revents != 0 { return true }
-        for timeout in timeouts where timeout.enabled && timeout.deadline <= now { return true }
-        return false
-    }
-
-    /// I/O-thread-only: the loop runs this connection's round (`step`) only while this is true. False once it
-    /// went to sleep (`prepareSleep`), true again when poll reports one of its descriptors or a timeout is due:
-    /// work queued meanwhile wakes it through its wake-up socket, which poll reports. With a connection per
-    /// peripheral, a round that looked at every connection cost a third of the loop's CPU at a hundred devices.
-    fileprivate var needsStep = true
+    /// I/O-thread-only: the connection is in the loop's run list (its round, `step`, runs every time round). It
+    /// leaves it when it goes to sleep (`prepareSleep`) and comes back when epoll reports one of its descriptors or
+    /// one of its timeouts is due: work queued meanwhile wakes it through its wake-up socket. With a connection per
+    /// peripheral, a loop that looked at every connection at every wake-up spent most of its CPU on the idle ones.
+    fileprivate var inRun = false
 
     /// While stopping: until when the loop goes on polling this connection so that what is still queued gets
     /// written (never hanging on a stuck bus, and never holding up the other connections meanwhile).
@@ -755,20 +824,24 @@ final class ConnectionCore: @unchecked Sendable {
     // MARK: libdbus callbacks (I/O thread)
 
     private func addWatch(_ watch: OpaquePointer) {
+        let fd = dbus_watch_get_unix_fd(watch)
         watches.append(
-            Watch(
-                pointer: watch, fd: dbus_watch_get_unix_fd(watch), flags: dbus_watch_get_flags(watch),
-                enabled: dbus_watch_get_enabled(watch) != 0))
+            Watch(pointer: watch, fd: fd, flags: dbus_watch_get_flags(watch), enabled: dbus_watch_get_enabled(watch) != 0))
+        syncWatches(fd)
     }
 
     private func removeWatch(_ watch: OpaquePointer) {
-        watches.removeAll { $0.pointer == watch }
+        guard let index = watches.firstIndex(where: { $0.pointer == watch }) else { return }
+        let fd = watches[index].fd
+        watches.remove(at: index)
+        syncWatches(fd)
     }
 
     private func toggleWatch(_ watch: OpaquePointer) {
         if let index = watches.firstIndex(where: { $0.pointer == watch }) {
             watches[index].enabled = dbus_watch_get_enabled(watch) != 0
             watches[index].flags = dbus_watch_get_flags(watch)
+            syncWatches(watches[index].fd)
         }
     }
 
@@ -846,7 +919,10 @@ final class CallContext {
 }
 
 /// The one I/O thread of the process: it runs every connection's queued work, dispatch and flushes, then sleeps
-/// in a single poll over all their descriptors. Connections join with `add` and leave when they stop.
+/// in one epoll wait over all their descriptors. Connections join with `add` and leave when they stop. Each round
+/// costs what the connections that have something to do cost: a connection that went to sleep is not looked at
+/// again until epoll reports one of its descriptors (its wake-up socket when work is queued for it) or one of its
+/// timeouts is due.
 final class IOLoop: Sendable {
     /// The loop every connection uses; its thread starts with the first connection.
     static let shared = IOLoop()
@@ -856,14 +932,20 @@ final class IOLoop: Sendable {
         var thread: pthread_t?
         var wakeRead: Int32 = -1
         var wakeWrite: Int32 = -1
+        var epoll: Int32 = -1
     }
     private let state = Mutex(State())
 
     private init() {}
 
+    /// What an epoll event carries: the connection's slot in the loop and the descriptor.
+    static func token(slot: Int, fd: Int32) -> UInt64 { UInt64(slot) << 32 | UInt64(UInt32(bitPattern: fd)) }
+    /// The loop's own wake-up socket.
+    private static let loopToken = UInt64.max
+
     /// Adds a connection (its libdbus callbacks are set on the I/O thread, before anything else runs for it).
     /// Returns the I/O thread.
-    /// - Throws: `DBusError` when the thread or its wake-up socket cannot be created.
+    /// - Throws: `DBusError` when the thread, its epoll set or its wake-up socket cannot be created.
     func add(_ core: ConnectionCore) throws(DBusError) -> pthread_t {
         let result = state.withLock { s -> Result<(pthread_t, Int32), DBusError> in
             if s.thread == nil {
@@ -904,6 +986,17 @@ final class IOLoop: Sendable {
                 name: DBusError.failed,
                 message: "cannot create the D-Bus I/O thread's wake-up pipe: \(String(cString: strerror(errno)))")
         }
+        let epoll = epoll_create1(Int32(EPOLL_CLOEXEC))
+        var event = epoll_event()
+        event.events = UInt32(EPOLLIN.rawValue)
+        event.data.u64 = loopToken
+        guard epoll >= 0, epoll_ctl(epoll, EPOLL_CTL_ADD, fds[0], &event) == 0 else {
+            let reason = String(cString: strerror(errno))
+            if epoll >= 0 { Glibc.close(epoll) }
+            Glibc.close(fds[0])
+            Glibc.close(fds[1])
+            return DBusError(name: DBusError.failed, message: "cannot create the D-Bus I/O thread's epoll set: \(reason)")
+        }
         var attributes = pthread_attr_t()
         pthread_attr_init(&attributes)
         pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
@@ -919,6 +1012,7 @@ final class IOLoop: Sendable {
             }, context)
         guard rc == 0 else {
             Unmanaged<IOLoop>.fromOpaque(context).release()
+            Glibc.close(epoll)
             Glibc.close(fds[0])
             Glibc.close(fds[1])
             return DBusError(name: DBusError.failed, message: "could not start the D-Bus I/O thread: error \(rc)")
@@ -926,120 +1020,152 @@ final class IOLoop: Sendable {
         s.thread = tid
         s.wakeRead = fds[0]
         s.wakeWrite = fds[1]
+        s.epoll = epoll
         return nil
     }
 
     /// The thread: runs for the life of the process.
     private func run() {
         nameCurrentThread("dbus-io")
-        let wakeRead = state.withLock { $0.wakeRead }
-        var cores: [ConnectionCore] = []
-        var fds: [pollfd] = []
-        // Reused from round to round (one allocation per loop, not per round): the descriptors, the libdbus watch
-        // behind each, and where each connection's run of them starts.
-        var owners: [OpaquePointer] = []
-        var spans: [(start: Int, owners: Range<Int>)] = []
+        let (wakeRead, epoll) = state.withLock { ($0.wakeRead, $0.epoll) }
+        // Every connection by slot (the slot is in its epoll tokens), with when its next libdbus timeout is due
+        // (`Int64.max`: none). A connection's timeouts only change while the loop runs it, so this is updated then.
+        var slots: [ConnectionCore?] = []
+        var deadlines: [Int64] = []
+        var freeSlots: [Int] = []
+        // The connections whose round runs every time round (awake), and those closing (see `flushDeadline`).
+        var running: [ConnectionCore] = []
+        var stopping: [ConnectionCore] = []
+        var ready = [epoll_event](repeating: epoll_event(), count: 256)
         var drain = [UInt8](repeating: 0, count: 256)
-        // The kernel's side of the wait: an epoll set, registered again from scratch whenever connections come or
-        // go (their descriptor numbers may then be reused by other sockets).
-        var pollSet = PollSet()
         var roundsWithoutWait = 0
+        // Puts a connection that epoll (or a timeout) reported back into the run list.
+        func wake(_ core: ConnectionCore) {
+            guard core.flushDeadline == nil, !core.inRun else { return }
+            core.wokeUp()
+            core.inRun = true
+            running.append(core)
+        }
         while true {
             let added = state.withLock { s -> [ConnectionCore] in
                 defer { s.adding = [] }
                 return s.adding
             }
-            if !added.isEmpty { pollSet.reset() }
             for core in added {
+                let slot: Int
+                if let free = freeSlots.popLast() {
+                    slot = free
+                    slots[slot] = core
+                } else {
+                    slot = slots.count
+                    slots.append(core)
+                    deadlines.append(.max)
+                }
+                core.attach(epoll: epoll, slot: slot)
                 core.setUp()
-                cores.append(core)
+                core.reportUnpollable()
+                deadlines[slot] = core.nextDeadline
+                core.inRun = true
+                running.append(core)
             }
             var busy = false
             var index = 0
-            while index < cores.count {
-                let core = cores[index]
-                if let deadline = core.flushDeadline {
-                    // Stopping: close once written out, or after at most about a second.
-                    if core.isFlushed || ConnectionCore.now() >= deadline {
-                        cores.remove(at: index)
-                        pollSet.reset()
-                        core.finishShutdown()
-                        core.markExited()
-                        continue
-                    }
-                    index += 1
-                    continue
-                }
-                guard core.needsStep else {
-                    index += 1
-                    continue
-                }
+            while index < running.count {
+                let core = running[index]
                 switch core.step() {
                 case .stopped:
                     // Looked at again right away: most connections have nothing left to write.
                     core.flushDeadline = ConnectionCore.now() + 1000
+                    core.inRun = false
+                    running.remove(at: index)
+                    stopping.append(core)
+                    deadlines[core.slot] = core.nextDeadline
                     continue
                 case .busy:
                     busy = true
                 case .idle:
                     break
                 }
+                core.reportUnpollable()
+                deadlines[core.slot] = core.nextDeadline
                 index += 1
             }
-            // Connections that went to sleep stay asleep until poll reports them: work queued for them from now on
-            // writes to their wake-up socket. One that may not sleep yet (work came in) keeps the loop from waiting,
-            // and goes round again at once; but every few rounds the loop still looks (without waiting) at what the
-            // sleeping ones have, so that one busy connection cannot hold up the others.
+            // After their last round: closed as soon as written out (most have nothing left), or after about a
+            // second.
+            if !stopping.isEmpty {
+                let now = ConnectionCore.now()
+                var index = 0
+                while index < stopping.count {
+                    let core = stopping[index]
+                    // Stopping: close once written out, or after at most about a second.
+                    guard core.isFlushed || now >= (core.flushDeadline ?? 0) else {
+                        index += 1
+                        continue
+                    }
+                    stopping.remove(at: index)
+                    core.detach()
+                    slots[core.slot] = nil
+                    deadlines[core.slot] = .max
+                    freeSlots.append(core.slot)
+                    core.finishShutdown()
+                    core.markExited()
+                }
+            }
+            // Connections that go to sleep leave the run list: work queued for them from now on writes to their
+            // wake-up socket. One that may not sleep yet (work came in) keeps the loop from waiting, and it goes
+            // round again at once; but every few rounds the loop still looks (without waiting) at what epoll has
+            // for the sleeping ones, so that one busy connection cannot hold the others up.
             var asleep = !busy
             if asleep {
-                for core in cores where core.needsStep && core.flushDeadline == nil {
-                    if core.prepareSleep() { core.needsStep = false } else { asleep = false }
+                running.removeAll { core in
+                    guard core.prepareSleep() else { return false }
+                    core.inRun = false
+                    return true
                 }
+                asleep = running.isEmpty
             }
             if !asleep, roundsWithoutWait < 8 {
                 roundsWithoutWait += 1
                 continue
             }
             roundsWithoutWait = 0
-            // One wait over everything: the loop's own wake-up socket (a connection was added), then each
-            // connection's wake-up socket and watches (poll(2)'s list, waited for with epoll: PollSet).
-            fds.removeAll(keepingCapacity: true)
-            fds.append(pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0))
-            spans.removeAll(keepingCapacity: true)
-            owners.removeAll(keepingCapacity: true)
-            var timeoutMs: Int32 = -1
             let now = ConnectionCore.now()
-            for core in cores {
-                let start = fds.count
-                let firstOwner = owners.count
-                core.appendPollDescriptors(&fds, owners: &owners)
-                spans.append((start, firstOwner..<owners.count))
-                var t = core.pollTimeout(now: now)
-                if let deadline = core.flushDeadline {
-                    let remaining = Int32(min(max(0, deadline - now), 1000))
-                    t = t < 0 ? remaining : min(t, remaining)
-                }
-                if t >= 0, timeoutMs < 0 || t < timeoutMs { timeoutMs = t }
-            }
+            var next = Int64.max
+            for deadline in deadlines where deadline < next { next = deadline }
+            for core in stopping { next = min(next, core.flushDeadline ?? next) }
             let emptyRoundDue = DBusDispatchRounds.emptyRoundDue.load(ordering: .relaxed)
-            if emptyRoundDue > 0 {
-                let remaining = Int32(min(max(0, emptyRoundDue - now), 1000))
-                timeoutMs = timeoutMs < 0 ? remaining : min(timeoutMs, remaining)
-            }
+            if emptyRoundDue > 0 { next = min(next, emptyRoundDue) }
+            var timeoutMs = next == .max ? -1 : Int32(min(max(0, next - now), Int64(Int32.max)))
             if !asleep { timeoutMs = 0 }
-            let rc = pollSet.wait(&fds, timeoutMs: timeoutMs)
-            let failed = rc < 0 && errno != EINTR
-            if !failed, fds[0].revents != 0 {
-                let n = drain.count
-                while drain.withUnsafeMutableBytes({ Glibc.read(wakeRead, $0.baseAddress, n) }) == n {}
+            let capacity = Int32(ready.count)
+            let n = ready.withUnsafeMutableBufferPointer { epoll_wait(epoll, $0.baseAddress, capacity, timeoutMs) }
+            if n < 0 {
+                // Interrupted: round again. Failed otherwise (it cannot, with a valid set): every connection runs,
+                // as if woken.
+                if errno != EINTR { for case let core? in slots { wake(core) } }
+                continue
+            }
+            for i in 0..<Int(n) {
+                let token = ready[i].data.u64
+                if token == Self.loopToken {
+                    let size = drain.count
+                    while drain.withUnsafeMutableBytes({ Glibc.read(wakeRead, $0.baseAddress, size) }) == size {}
+                    continue
+                }
+                let slot = Int(token >> 32)
+                guard slot < slots.count, let core = slots[slot] else { continue }
+                wake(core)
+                core.handleReady(fd: Int32(bitPattern: UInt32(truncatingIfNeeded: token)), events: ready[i].events)
+                deadlines[slot] = core.nextDeadline
             }
             let after = ConnectionCore.now()
-            for (core, span) in zip(cores, spans) {
-                let slice = fds[span.start..<(span.start + 1 + span.owners.count)]
-                // A sleeping connection with nothing reported sleeps on, untouched.
-                guard failed || core.flushDeadline != nil || core.hasEvents(slice, now: after) else { continue }
-                core.handlePoll(slice, owners: owners[span.owners], now: after, failed: failed)
-                core.needsStep = true
+            if next <= after {
+                for slot in deadlines.indices where deadlines[slot] <= after {
+                    guard let core = slots[slot] else { continue }
+                    wake(core)
+                    core.runDueTimeouts(now: after)
+                    deadlines[slot] = core.nextDeadline
+                }
             }
             if emptyRoundDue > 0, after >= emptyRoundDue {
                 // Cleared first: an observer may ask for the next one from its `end`.
@@ -1159,3 +1285,4 @@ public enum DBusDispatchRounds {
         IOLoop.shared.wakeUnlessOnLoop()
     }
 }
+

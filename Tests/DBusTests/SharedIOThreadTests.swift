@@ -6,7 +6,7 @@ import Synchronization
 import TestSupport
 import Testing
 
-@Suite struct SharedIOThreadTests {
+@Suite(.serialized) struct SharedIOThreadTests {
     @Test(.timeLimit(.minutes(1))) func closingAConnectionToAStuckBusDoesNotStallTheOthers() async throws {
         let stuck = try await BusFixture()
         let healthy = try await BusFixture()
@@ -45,5 +45,71 @@ import Testing
         #expect(callsWhileClosing >= 2, "only \(callsWhileClosing) calls overlapped the close")
         #expect(!doomed.isConnected)
         await live.closeAndWait()
+    }
+
+    /// The loop only looks at connections epoll reports: every one of many sleeping connections must still be woken
+    /// by what arrives on its socket (a signal) and by what is queued for it from another thread (a call), also while
+    /// another connection keeps the loop busy, and connections that close make room for new ones whose descriptors
+    /// may reuse the closed ones' numbers.
+    @Test(.timeLimit(.minutes(1))) func manySleepingConnectionsAreEachWokenByTheirOwnWork() async throws {
+        let fixture = try await BusFixture()
+        let emitter = try fixture.connect()
+        var listeners: [DBusConnection] = []
+        for _ in 0..<24 { listeners.append(try fixture.connect()) }
+        // Half of them go; as many come, on descriptor numbers the closed ones freed.
+        for listener in listeners[0..<12] { await listener.closeAndWait() }
+        listeners.removeFirst(12)
+        for _ in 0..<12 { listeners.append(try fixture.connect()) }
+        var iterators: [DBusSignalStream.AsyncIterator] = []
+        for listener in listeners {
+            let stream = try await listener.signals(matching: DBusMatchRule(interface: "org.example.Wake"))
+            iterators.append(stream.makeAsyncIterator())
+        }
+        // One connection kept busy meanwhile: a stream of messages queued from another thread.
+        let busy = try fixture.connect()
+        let stop = Atomic<Bool>(false)
+        let chatter = Task.detached {
+            while !stop.load(ordering: .relaxed) {
+                try? busy.emitSignal(path: "/busy", interface: "org.example.Busy", name: "Chatter")
+                await Task.yield()
+            }
+        }
+        for round in 0..<3 {
+            try emitter.emitSignal(
+                path: "/w", interface: "org.example.Wake", name: "Round", arguments: [.uint32(UInt32(round))])
+            for index in iterators.indices {
+                let signal = try await iterators[index].next()
+                #expect(signal?.body == [.uint32(UInt32(round))])
+            }
+            // Queued from this task's thread for each (sleeping) connection: a call that must go out and be answered.
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for listener in listeners {
+                    group.addTask {
+                        _ = try await listener.call(
+                            destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus",
+                            interface: "org.freedesktop.DBus", method: "GetId")
+                    }
+                }
+                try await group.waitForAll()
+            }
+        }
+        stop.store(true, ordering: .relaxed)
+        await chatter.value
+        for connection in listeners + [busy, emitter] { await connection.closeAndWait() }
+    }
+
+    /// A connection with nothing left to write closes at once: the loop does not wait for its next wake-up (up to a
+    /// second with nothing else going on) to finish it.
+    @Test(.timeLimit(.minutes(1))) func closingIdleConnectionsDoesNotWaitForTheLoop() async throws {
+        let fixture = try await BusFixture()
+        var connections: [DBusConnection] = []
+        for _ in 0..<8 { connections.append(try fixture.connect()) }
+        let start = ContinuousClock.now
+        for connection in connections { await connection.closeAndWait() }
+        let elapsed = ContinuousClock.now - start
+        // Eight closes one after the other: well under a second together, where a close that waited for the loop's
+        // next wake-up took up to a second each.
+        #expect(elapsed < .seconds(3), "8 closes took \(elapsed)")
+        #expect(connections.allSatisfy { !$0.isConnected })
     }
 }
