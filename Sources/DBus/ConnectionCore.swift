@@ -223,10 +223,7 @@ final class ConnectionCore: @unchecked Sendable {
         exited.wait()
     }
 
-    private func wake() {
-        var one: UInt8 = 1
-        _ = Glibc.write(wakeWriteFD, &one, 1)
-    }
+    private func wake() { pokeWakeSocket(wakeWriteFD) }
 
     /// Writes to the wake pipe only when the I/O thread sleeps and nobody woke it yet (one syscall per sleep,
     /// not per message).
@@ -695,9 +692,7 @@ final class ConnectionCore: @unchecked Sendable {
     /// Handles what epoll reported for one of this connection's descriptors.
     fileprivate func handleReady(fd: Int32, events: UInt32) {
         if fd == wakeFD {
-            var buffer = (UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0))
-            let size = MemoryLayout.size(ofValue: buffer)
-            while withUnsafeMutableBytes(of: &buffer, { Glibc.read(wakeFD, $0.baseAddress, size) }) == size {}
+            drainWakeSocket(wakeFD)
             return
         }
         handleWatches(fd: fd, events: events)
@@ -960,8 +955,7 @@ final class IOLoop: Sendable {
         switch result {
         case .failure(let error): throw error
         case .success(let (thread, wake)):
-            var one: UInt8 = 1
-            _ = Glibc.write(wake, &one, 1)
+            pokeWakeSocket(wake)
             return thread
         }
     }
@@ -974,8 +968,7 @@ final class IOLoop: Sendable {
             return s.wakeWrite
         }
         guard let wake, wake >= 0 else { return }
-        var one: UInt8 = 1
-        _ = Glibc.write(wake, &one, 1)
+        pokeWakeSocket(wake)
     }
 
     private static func startThread(_ s: inout State, _ loop: IOLoop) -> DBusError? {
@@ -1029,7 +1022,8 @@ final class IOLoop: Sendable {
         nameCurrentThread("dbus-io")
         let (wakeRead, epoll) = state.withLock { ($0.wakeRead, $0.epoll) }
         // Every connection by slot (the slot is in its epoll tokens), with when its next libdbus timeout is due
-        // (`Int64.max`: none). A connection's timeouts only change while the loop runs it, so this is updated then.
+        // (`Int64.max`: none). libdbus changes a connection's timeouts only from calls the loop makes for that
+        // connection (its round, its descriptors, its timeouts), so this is updated after each of them.
         var slots: [ConnectionCore?] = []
         var deadlines: [Int64] = []
         var freeSlots: [Int] = []
@@ -1037,7 +1031,6 @@ final class IOLoop: Sendable {
         var running: [ConnectionCore] = []
         var stopping: [ConnectionCore] = []
         var ready = [epoll_event](repeating: epoll_event(), count: 256)
-        var drain = [UInt8](repeating: 0, count: 256)
         var roundsWithoutWait = 0
         // Puts a connection that epoll (or a timeout) reported back into the run list.
         func wake(_ core: ConnectionCore) {
@@ -1148,8 +1141,7 @@ final class IOLoop: Sendable {
             for i in 0..<Int(n) {
                 let token = ready[i].data.u64
                 if token == Self.loopToken {
-                    let size = drain.count
-                    while drain.withUnsafeMutableBytes({ Glibc.read(wakeRead, $0.baseAddress, size) }) == size {}
+                    drainWakeSocket(wakeRead)
                     continue
                 }
                 let slot = Int(token >> 32)
@@ -1175,6 +1167,20 @@ final class IOLoop: Sendable {
             }
         }
     }
+}
+
+/// Writes the byte that wakes the I/O loop to a wake-up socket's writing end (non-blocking: a full socket already
+/// wakes it).
+private func pokeWakeSocket(_ fd: Int32) {
+    var one: UInt8 = 1
+    _ = Glibc.write(fd, &one, 1)
+}
+
+/// Reads a wake-up socket's reading end empty (non-blocking), so that epoll stops reporting it.
+private func drainWakeSocket(_ fd: Int32) {
+    var buffer = (UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0))
+    let size = MemoryLayout.size(ofValue: buffer)
+    while withUnsafeMutableBytes(of: &buffer, { Glibc.read(fd, $0.baseAddress, size) }) == size {}
 }
 
 /// Names the calling thread (as shown in /proc and by ps/top; at most 15 bytes). Glibc declares
@@ -1285,4 +1291,3 @@ public enum DBusDispatchRounds {
         IOLoop.shared.wakeUnlessOnLoop()
     }
 }
-

@@ -78,7 +78,7 @@ import Testing
             try emitter.emitSignal(
                 path: "/w", interface: "org.example.Wake", name: "Round", arguments: [.uint32(UInt32(round))])
             for index in iterators.indices {
-                let signal = try await iterators[index].next()
+                let signal = await iterators[index].next()
                 #expect(signal?.body == [.uint32(UInt32(round))])
             }
             // Queued from this task's thread for each (sleeping) connection: a call that must go out and be answered.
