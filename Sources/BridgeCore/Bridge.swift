@@ -145,7 +145,26 @@ public final class Bridge: Sendable {
     var topics: BridgeTopics { engine.withLock { $0.topics } }
 
     /// The counters so far.
-    public var counters: BridgeCounters { engine.withLock { $0.counters } }
+    public var counters: BridgeCounters { hot.adding(to: engine.withLock { $0.counters }) }
+
+    /// The counters of every message (notifications, advertisements, decoded values, state publishes): atomics,
+    /// so that counting is not a trip to the engine's lock per message.
+    let hot = HotCounters()
+    final class HotCounters: Sendable {
+        let notifications = Atomic<Int>(0)
+        let advertisements = Atomic<Int>(0)
+        let decoded = Atomic<Int>(0)
+        let statePublishes = Atomic<Int>(0)
+        /// `counters` with these added.
+        func adding(to counters: BridgeCounters) -> BridgeCounters {
+            var c = counters
+            c.notifications += notifications.load(ordering: .relaxed)
+            c.advertisements += advertisements.load(ordering: .relaxed)
+            c.decoded += decoded.load(ordering: .relaxed)
+            c.statePublishes += statePublishes.load(ordering: .relaxed)
+            return c
+        }
+    }
 
     /// What the bridge is doing, for the service manager (`READY=1`, `STATUS=`, the watchdog).
     public struct Status: Sendable, Equatable {
@@ -431,8 +450,8 @@ public final class Bridge: Sendable {
     func handleAdvertisement(_ adv: BLEAdvertisement) {
         let now = clock.now
         let wall = clock.wallClock
+        hot.advertisements.add(1, ordering: .relaxed)
         engine.withLock { s in
-            s.counters.advertisements += 1
             for collector in s.scans.values { collector.add(adv) }
         }
         guard let r = resolveDevice(for: adv) else { return }
@@ -491,7 +510,7 @@ public final class Bridge: Sendable {
                 mac: adv.address.text, bindKey: c.bindKey, localName: adv.name, cipher: advertisementCipher)
             do {
                 let reading = try registry.decode(source, payload, context: context)
-                engine.withLock { $0.counters.decoded += 1 }
+                hot.decoded.add(1, ordering: .relaxed)
                 if let passiveReadings, let g = coordination, c.mode == .passive {
                     offerPassive(r, reading, parser: parser, readings: passiveReadings, coordination: g)
                     continue
@@ -797,7 +816,7 @@ public final class Bridge: Sendable {
                 publish(t.attribute(r.id, name), payload, qos: qos, retain: retain)
             }
         }
-        engine.withLock { $0.counters.statePublishes += 1 }
+        hot.statePublishes.add(1, ordering: .relaxed)
     }
 
     func setAvailability(_ r: DeviceRecord, online: Bool, force: Bool = false) {

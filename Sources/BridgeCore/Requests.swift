@@ -262,7 +262,7 @@ extension Bridge {
 
     func healthFields() -> [(String, JSONValue)] {
         let (mqttUp, bluez, adapters, counters) = engine.withLock {
-            ($0.mqttConnected, $0.bluetoothdRunning, $0.adapters, $0.counters)
+            ($0.mqttConnected, $0.bluetoothdRunning, $0.adapters, hot.adding(to: $0.counters))
         }
         let duplicates: [(String, JSONValue)] =
             coordination == nil ? [] : [("duplicates_suppressed", .int(Int64(counters.duplicatesSuppressed)))]

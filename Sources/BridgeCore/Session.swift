@@ -523,11 +523,9 @@ extension Bridge {
             }
             d.lastNotification[c.uuid] = now
         }
-        // One trip to the engine for the counter and the registry (not a copy of the whole configuration).
-        let registry = engine.withLock { s in
-            s.counters.notifications += 1
-            return s.config.registry
-        }
+        hot.notifications.add(1, ordering: .relaxed)
+        // One trip to the engine for the registry (not a copy of the whole configuration).
+        let registry = engine.withLock { $0.config.registry }
         decode(r, c, value, registry: registry)
     }
 
@@ -541,7 +539,7 @@ extension Bridge {
             let reading = try registry.decode(
                 c.uuid, value, context: GATTDecodeContext(presentationFormat: c.presentationFormat))
             r.merge(reading, now: clock.now, wall: clock.wallClock)
-            engine.withLock { $0.counters.decoded += 1 }
+            hot.decoded.add(1, ordering: .relaxed)
             requestStatePublish(r)
         } catch {
             engine.withLock { $0.counters.decodeErrors += 1 }
@@ -556,7 +554,7 @@ extension Bridge {
             let reading = try config.registry.decode(
                 c.uuid, value, context: GATTDecodeContext(presentationFormat: c.presentationFormat))
             r.merge(reading, now: clock.now, wall: clock.wallClock)
-            engine.withLock { $0.counters.decoded += 1 }
+            hot.decoded.add(1, ordering: .relaxed)
         } catch let error as BLEError {
             reportError("cannot read \(c.uuid): \(error.message)", device: r.id)
         } catch {
