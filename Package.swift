@@ -40,7 +40,7 @@ let package = Package(
 
         // Swift layers.
         .target(name: "Logging"),
-        .target(name: "Signals"),
+        .target(name: "Signals", dependencies: ["CLinux"]),
         .target(name: "DBus", dependencies: ["CDBus", "CLinux"]),
         .target(name: "BlueZ", dependencies: ["DBus", "Logging", "CLinux"]),
         .target(name: "MQTT", dependencies: ["CMosquitto", "CMosquittoIO", "CLinux", "Logging"]),

@@ -119,7 +119,7 @@ final class NotifySocketReader: Sendable {
     /// The reader thread: waits for readable sockets, runs their handlers, closes removed sockets. Runs for the
     /// life of the process (the shared reader is never freed).
     private func run() {
-        nameCurrentThread("bluez-notify")
+        clinux_name_thread("bluez-notify")
         let (epoll, wakeRead) = state.withLock { ($0.epoll, $0.wakeRead) }
         var events = [epoll_event](repeating: epoll_event(), count: 64)
         var buffer = [UInt8](repeating: 0, count: 256)
@@ -192,16 +192,6 @@ public enum BlueZNotificationRounds {
 
     /// Removes an observer registered with `observe`.
     public static func stopObserving(_ token: Int) { NotifySocketReader.shared.observers.remove(token) }
-}
-
-/// Names the calling thread (as shown in /proc and by ps/top; at most 15 bytes). Glibc declares
-/// pthread_setname_np only under _GNU_SOURCE, so the name is written where it lives.
-private func nameCurrentThread(_ name: String) {
-    let fd = open("/proc/thread-self/comm", O_WRONLY | O_CLOEXEC)
-    guard fd >= 0 else { return }
-    defer { close(fd) }
-    let bytes = Array(name.utf8.prefix(15))
-    _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
 }
 
 /// Rounds of signal dispatch on the D-Bus I/O thread (`DBusDispatchRounds`): bluetoothd's signals that libdbus read in

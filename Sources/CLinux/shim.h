@@ -2,10 +2,11 @@
 // for the sockets that are ready, whatever the number of sockets registered), and recvmmsg(2), which reads every
 // queued notification of a socket in one call (Glibc declares it, and struct mmsghdr, only under _GNU_SOURCE).
 // Also the two clock primitives of the loops that gather work under load (the notify reader, the MQTT loop), and
-// mallopt(3)'s arena limit (malloc.h is not in the Glibc module).
+// mallopt(3)'s arena limit (malloc.h is not in the Glibc module), and prctl(2)'s thread name.
 #include <errno.h>
 #include <malloc.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -35,3 +36,7 @@ static inline void clinux_sleep_ns(unsigned long long ns) {
 /// mallopt(M_ARENA_MAX, arenas): how many malloc arenas glibc may create (by default 8 per core, one per thread that
 /// allocates while another holds an arena). Returns 1 on success.
 static inline int clinux_limit_malloc_arenas(int arenas) { return mallopt(M_ARENA_MAX, arenas); }
+
+/// Names the calling thread, as ps -L, top -H and /proc/PID/task/TID/comm show it (PR_SET_NAME: at most 15 bytes,
+/// longer names are cut). Glibc declares pthread_setname_np only under _GNU_SOURCE.
+static inline void clinux_name_thread(const char *name) { prctl(PR_SET_NAME, (unsigned long)name, 0, 0, 0); }

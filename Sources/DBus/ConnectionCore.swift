@@ -1019,7 +1019,7 @@ final class IOLoop: Sendable {
 
     /// The thread: runs for the life of the process.
     private func run() {
-        nameCurrentThread("dbus-io")
+        clinux_name_thread("dbus-io")
         let (wakeRead, epoll) = state.withLock { ($0.wakeRead, $0.epoll) }
         // Every connection by slot (the slot is in its epoll tokens), with when its next libdbus timeout is due
         // (`Int64.max`: none). libdbus changes a connection's timeouts only from calls the loop makes for that
@@ -1181,16 +1181,6 @@ private func drainWakeSocket(_ fd: Int32) {
     var buffer = (UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0))
     let size = MemoryLayout.size(ofValue: buffer)
     while withUnsafeMutableBytes(of: &buffer, { Glibc.read(fd, $0.baseAddress, size) }) == size {}
-}
-
-/// Names the calling thread (as shown in /proc and by ps/top; at most 15 bytes). Glibc declares
-/// pthread_setname_np only under _GNU_SOURCE, so the name is written where it lives.
-private func nameCurrentThread(_ name: String) {
-    let fd = Glibc.open("/proc/thread-self/comm", O_WRONLY | O_CLOEXEC)
-    guard fd >= 0 else { return }
-    defer { Glibc.close(fd) }
-    let bytes = Array(name.utf8.prefix(15))
-    _ = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
 }
 
 /// Observers of rounds of work on one thread (D-Bus dispatch here, notification delivery in the BlueZ layer): each

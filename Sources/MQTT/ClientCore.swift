@@ -368,6 +368,7 @@ final class ClientCore: Sendable {
     // MARK: The loop thread
 
     private func runLoop(connectProperties: MosquittoProperties) {
+        clinux_name_thread("mqtt")
         loopThread.withLock { $0 = pthread_self() }
         let raw = handle.raw
         let config = configuration

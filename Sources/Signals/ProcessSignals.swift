@@ -11,6 +11,7 @@
 // A handler installed with sigaction runs in whichever thread the kernel picks, whatever the masks, and writing
 // one byte to a pipe is async-signal-safe; the reading thread does the rest. A signal with no registration keeps
 // its default effect (the process ends by it), so a command that never asked for one still stops on SIGTERM.
+internal import CLinux
 import Synchronization
 
 #if canImport(Glibc)
@@ -48,6 +49,7 @@ public enum ProcessSignals {
             &thread, nil,
             { raw in
                 let fd = Unmanaged<Box>.fromOpaque(raw!).takeRetainedValue().fd
+                clinux_name_thread("signals")
                 ProcessSignals.readLoop(fd)
                 return nil
             }, Unmanaged.passRetained(reader).toOpaque())

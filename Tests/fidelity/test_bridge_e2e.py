@@ -382,6 +382,17 @@ def test_sigterm_shuts_down_in_order(rig):
     assert counters["devices_connected"] == 0, f"every device was disconnected on purpose; log:\n{bridge.log()}"
 
 
+def test_the_bridge_threads_are_named(rig):
+    """What `top -H` and `ps -L` show for a running bridge: each thread of its own by what it does (the D-Bus loop,
+    the notification reader, the MQTT loop, the signal reader), not by the runtime's names."""
+    import glob
+    bridge = rig.bridge()
+    j = rig.judge
+    j.wait_json("blebridge/chest_strap/availability", online("online"))
+    names = {open(path).read().strip() for path in glob.glob(f"/proc/{bridge.proc.pid}/task/*/comm")}
+    assert {"dbus-io", "bluez-notify", "mqtt", "signals"} <= names, names
+
+
 def _threads_taking(pid: int, sig: int):
     """The threads of `pid` that do not block `sig` (those the kernel may hand a process-wide signal to)."""
     import glob
