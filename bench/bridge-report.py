@@ -84,7 +84,18 @@ def common(s, name, n, rate):
             row["rss_%s_mb" % proc] = round(s.get("rss_%s_kb" % proc, 0) / 1024, 1)
             row["threads_%s" % proc] = int(s.get("threads_%s" % proc, 0))
     row["cpu_bridge_pct"] = round(100 * s.get("cpu_bridge_s", 0) / window, 2)
+    # The bridge's CPU by thread name (bench/bridge-sub.c: threadcpu_bridge_NAME_s), largest first.
+    by_thread = {k[len("threadcpu_bridge_"):-2]: v for k, v in s.items() if k.startswith("threadcpu_bridge_")}
+    if by_thread:
+        row["cpu_bridge_threads_s"] = dict(sorted(by_thread.items(), key=lambda kv: -kv[1]))
     return row, window
+
+
+def per_thread(row, per):
+    """The bridge's CPU per message by thread name, from `cpu_bridge_threads_s`."""
+    if per and "cpu_bridge_threads_s" in row:
+        row["cpu_bridge_threads_us_per_msg"] = {
+            name: round(seconds / per * 1e6, 2) for name, seconds in row["cpu_bridge_threads_s"].items()}
 
 
 def notify(name, n, rate, sample_path, record_paths):
@@ -130,6 +141,7 @@ def notify(name, n, rate, sample_path, record_paths):
         "latency_upper_bound": sent is not None and sent - s.get("probes_sent", 0) < 0.995 * n * rate * window,
     })
     per = sent if sent else delivered
+    per_thread(row, per)
     if per:
         row["cpu_us_per_msg"] = round(row["cpu_bridge_s"] / per * 1e6, 2)
         for proc in ("sim", "broker"):
@@ -158,6 +170,7 @@ def passive(name, n, rate, sample_path, record_paths):
         "published_per_s": round(sum(1 for t, _, k in m if ws <= t <= we and k >= 0) / window, 1),
         "distinct_sent": len(sent), "lost": lost,
     })
+    per_thread(row, signals)
     if signals:
         row["cpu_us_per_msg"] = round(row["cpu_bridge_s"] / signals * 1e6, 2)
         if "cpu_ref_s" in row:
@@ -231,6 +244,10 @@ def table(path):
             print("  %-26s %-30s %.2fx (bridge %s µs/adv, bare libdbus client %s µs/signal)" % (
                 r["scenario"], "CPU ratio bridge/reference", r["ratio_bridge_to_ref"], r["cpu_us_per_msg"],
                 r["cpu_ref_us_per_msg"]))
+        if r.get("cpu_bridge_threads_us_per_msg"):
+            print("  %-26s %-30s %s" % (
+                r["scenario"], "bridge CPU by thread (µs/msg)",
+                ", ".join("%s %s" % kv for kv in r["cpu_bridge_threads_us_per_msg"].items() if kv[1] > 0) or "none"))
         if "cpu_swiftref_us_per_msg" in r:
             print("  %-26s %-30s %s µs/signal (the DBus target alone, bench-bridge)" % (
                 r["scenario"], "second reference", r["cpu_swiftref_us_per_msg"]))

@@ -8,7 +8,8 @@
  * It also runs the measurement window: it waits until --devices distinct devices have published (or --wait-timeout
  * passes), waits --settle seconds more, then samples utime+stime (/proc/PID/stat) of every --pid and the simulator's
  * counters (io.blebridge.Simulator1.GetCounters over libdbus, when --bus is given), sleeps --window seconds, samples
- * again together with VmHWM, VmRSS and Threads (/proc/PID/status), waits --grace seconds for late messages and then
+ * again (the first --pid also per thread, summed by thread name: threadcpu_NAME_THREAD_s) together with VmHWM,
+ * VmRSS and Threads (/proc/PID/status), waits --grace seconds for late messages and then
  * writes the records to --out ("m T_NS DEVICE KEY" a line) and the samples to stdout as key=value lines.
  *
  * With --probe-address/--probe-uuid it also sends latency probes during the window: --probe-rate times a second a
@@ -17,7 +18,9 @@
  * build: cc -O2 -o bridge-sub bridge-sub.c $(pkg-config --cflags --libs libmosquitto dbus-1) -lpthread
  */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <dbus/dbus.h>
+#include <dirent.h>
 #include <mosquitto.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -138,6 +141,42 @@ static long long cpu_ticks(int pid) {
     /* after ")": state(3) ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime(14) stime(15) */
     if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2) return -1;
     return (long long)(ut + st);
+}
+
+/* Per thread of `pid`: utime + stime in clock ticks by thread id, and the thread's name (comm, with anything but
+ * letters, digits, '-' and '.' made '_'). Returns the number of threads read (at most max). */
+#define MAX_THREADS 256
+struct thread_cpu { int tid; char name[32]; long long ticks; };
+static int thread_cpu(int pid, struct thread_cpu *out, int max) {
+    char path[96];
+    snprintf(path, sizeof path, "/proc/%d/task", pid);
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && n < max) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        char stat_path[300], buf[1024];
+        snprintf(stat_path, sizeof stat_path, "/proc/%d/task/%s/stat", pid, e->d_name);
+        FILE *f = fopen(stat_path, "r");
+        if (!f) continue;
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[len] = 0;
+        char *open = strchr(buf, '('), *close = strrchr(buf, ')');
+        if (!open || !close || close < open) continue;
+        unsigned long long ut = 0, st = 0;
+        if (sscanf(close + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2) continue;
+        struct thread_cpu *t = &out[n++];
+        t->tid = atoi(e->d_name);
+        size_t k = 0;
+        for (char *c = open + 1; c < close && k < sizeof t->name - 1; c++, k++)
+            t->name[k] = (isalnum((unsigned char)*c) || *c == '-' || *c == '.') ? *c : '_';
+        t->name[k] = 0;
+        t->ticks = (long long)(ut + st);
+    }
+    closedir(d);
+    return n;
 }
 
 static long status_field(int pid, const char *name) {
@@ -286,6 +325,9 @@ int main(int argc, char **argv) {
     int64_t ws = now_ns();
     double ws_real = realtime_s();
     for (int p = 0; p < pid_count; p++) before[p] = cpu_ticks(pids[p]);
+    /* The first --pid (the bridge) also by thread, to tell what each of its threads costs. */
+    static struct thread_cpu threads_before[MAX_THREADS], threads_after[MAX_THREADS];
+    int threads_before_n = pid_count > 0 ? thread_cpu(pids[0], threads_before, MAX_THREADS) : 0;
     size_t count_start = atomic_load(&count);
     long probes = 0;
     if (bus && probe_address && probe_uuid && probe_rate > 0) {
@@ -307,6 +349,29 @@ int main(int argc, char **argv) {
     for (int p = 0; p < pid_count; p++) {
         long long after = cpu_ticks(pids[p]);
         printf("cpu_%s_s=%.4f\n", pid_names[p], (after - before[p]) / (double)sysconf(_SC_CLK_TCK));
+    }
+    if (pid_count > 0) {
+        /* Summed by name: threads that share one (the Swift runtime's pool) are one figure; a thread that started
+         * in the window counts from zero. */
+        int threads_after_n = thread_cpu(pids[0], threads_after, MAX_THREADS);
+        char names[MAX_THREADS][32];
+        long long sums[MAX_THREADS];
+        int names_n = 0;
+        for (int i = 0; i < threads_after_n; i++) {
+            long long start = 0;
+            for (int j = 0; j < threads_before_n; j++)
+                if (threads_before[j].tid == threads_after[i].tid) start = threads_before[j].ticks;
+            int k = 0;
+            while (k < names_n && strcmp(names[k], threads_after[i].name) != 0) k++;
+            if (k == names_n) {
+                snprintf(names[k], sizeof names[k], "%s", threads_after[i].name);
+                sums[k] = 0;
+                names_n++;
+            }
+            sums[k] += threads_after[i].ticks - start;
+        }
+        for (int k = 0; k < names_n; k++)
+            printf("threadcpu_%s_%s_s=%.4f\n", pid_names[0], names[k], sums[k] / (double)sysconf(_SC_CLK_TCK));
     }
     int64_t we = now_ns();
     double we_real = realtime_s();
