@@ -8,7 +8,7 @@
  * It also runs the measurement window: it waits until --devices distinct devices have published (or --wait-timeout
  * passes), waits --settle seconds more, then samples utime+stime (/proc/PID/stat) of every --pid and the simulator's
  * counters (io.blebridge.Simulator1.GetCounters over libdbus, when --bus is given), sleeps --window seconds, samples
- * again (the first --pid also per thread, summed by thread name: threadcpu_NAME_THREAD_s) together with VmHWM,
+ * again (the first --pid also per thread from schedstat, summed by name: threadcpu_NAME_THREAD_s) with VmHWM,
  * VmRSS and Threads (/proc/PID/status), waits --grace seconds for late messages and then
  * writes the records to --out ("m T_NS DEVICE KEY" a line) and the samples to stdout as key=value lines.
  *
@@ -143,10 +143,11 @@ static long long cpu_ticks(int pid) {
     return (long long)(ut + st);
 }
 
-/* Per thread of `pid`: utime + stime in clock ticks by thread id, and the thread's name (comm, with anything but
- * letters, digits, '-' and '.' made '_'). Returns the number of threads read (at most max). */
+/* Per thread of `pid`: CPU time in ns by thread id (/proc/PID/task/TID/schedstat, exact, where utime+stime
+ * count 10 ms ticks: too coarse for a thread that costs a few µs per message), and the thread's name (comm, with
+ * anything but letters, digits, '-' and '.' made '_'). Returns the number of threads read (at most max). */
 #define MAX_THREADS 256
-struct thread_cpu { int tid; char name[32]; long long ticks; };
+struct thread_cpu { int tid; char name[32]; long long ns; };
 static int thread_cpu(int pid, struct thread_cpu *out, int max) {
     char path[96];
     snprintf(path, sizeof path, "/proc/%d/task", pid);
@@ -156,24 +157,26 @@ static int thread_cpu(int pid, struct thread_cpu *out, int max) {
     struct dirent *e;
     while ((e = readdir(d)) != NULL && n < max) {
         if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-        char stat_path[300], buf[1024];
-        snprintf(stat_path, sizeof stat_path, "/proc/%d/task/%s/stat", pid, e->d_name);
-        FILE *f = fopen(stat_path, "r");
+        char file[300], comm[64];
+        snprintf(file, sizeof file, "/proc/%d/task/%s/schedstat", pid, e->d_name);
+        FILE *f = fopen(file, "r");
         if (!f) continue;
-        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        long long ns = -1;
+        if (fscanf(f, "%lld", &ns) != 1) ns = -1;
         fclose(f);
-        buf[len] = 0;
-        char *open = strchr(buf, '('), *close = strrchr(buf, ')');
-        if (!open || !close || close < open) continue;
-        unsigned long long ut = 0, st = 0;
-        if (sscanf(close + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2) continue;
+        snprintf(file, sizeof file, "/proc/%d/task/%s/comm", pid, e->d_name);
+        f = fopen(file, "r");
+        if (!f) continue;
+        if (!fgets(comm, sizeof comm, f)) comm[0] = 0;
+        fclose(f);
+        if (ns < 0) continue;
         struct thread_cpu *t = &out[n++];
         t->tid = atoi(e->d_name);
         size_t k = 0;
-        for (char *c = open + 1; c < close && k < sizeof t->name - 1; c++, k++)
+        for (char *c = comm; *c && *c != '\n' && k < sizeof t->name - 1; c++, k++)
             t->name[k] = (isalnum((unsigned char)*c) || *c == '-' || *c == '.') ? *c : '_';
         t->name[k] = 0;
-        t->ticks = (long long)(ut + st);
+        t->ns = ns;
     }
     closedir(d);
     return n;
@@ -360,7 +363,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < threads_after_n; i++) {
             long long start = 0;
             for (int j = 0; j < threads_before_n; j++)
-                if (threads_before[j].tid == threads_after[i].tid) start = threads_before[j].ticks;
+                if (threads_before[j].tid == threads_after[i].tid) start = threads_before[j].ns;
             int k = 0;
             while (k < names_n && strcmp(names[k], threads_after[i].name) != 0) k++;
             if (k == names_n) {
@@ -368,10 +371,10 @@ int main(int argc, char **argv) {
                 sums[k] = 0;
                 names_n++;
             }
-            sums[k] += threads_after[i].ticks - start;
+            sums[k] += threads_after[i].ns - start;
         }
         for (int k = 0; k < names_n; k++)
-            printf("threadcpu_%s_%s_s=%.4f\n", pid_names[0], names[k], sums[k] / (double)sysconf(_SC_CLK_TCK));
+            printf("threadcpu_%s_%s_s=%.6f\n", pid_names[0], names[k], sums[k] / 1e9);
     }
     int64_t we = now_ns();
     double we_real = realtime_s();
