@@ -8,6 +8,21 @@ import Testing
 
 @Suite(.serialized) struct SharedIOThreadTests {
     @Test(.timeLimit(.minutes(1))) func closingAConnectionToAStuckBusDoesNotStallTheOthers() async throws {
+        // A stalled loop lets at most one call complete once the close has started (the next one returns only when
+        // the close ends, and is not counted); a healthy loop answers several. On a loaded machine (the full suite
+        // runs its suites in parallel on two cores) a healthy loop answered only one in about one run in four, so
+        // the close is tried up to three times: a stalled loop fails every try, a slow machine rarely fails three.
+        var counts: [Int] = []
+        for _ in 0..<3 {
+            counts.append(try await callsOverlappingAStuckClose())
+            if counts.last! >= 2 { break }
+        }
+        #expect(counts.last! >= 2, "calls that overlapped the close, per try: \(counts)")
+    }
+
+    /// Closes a connection whose bus is stopped (SIGSTOP) with more queued than its socket takes, so that the close
+    /// waits (about a second) for the bus, and counts the calls another connection completes in the meantime.
+    private func callsOverlappingAStuckClose() async throws -> Int {
         let stuck = try await BusFixture()
         let healthy = try await BusFixture()
         let doomed = try stuck.connect()
@@ -39,12 +54,9 @@ import Testing
             if !closed.load(ordering: .sequentiallyConsistent) { callsWhileClosing += 1 }
         }
         await closing.value
-        // A stalled loop lets at most one call complete once the close has started (the next one returns only
-        // when the close ends, and is not counted); a healthy loop answers several. On a loaded machine (the CI
-        // runs the suites in parallel) two is what a healthy loop reliably manages.
-        #expect(callsWhileClosing >= 2, "only \(callsWhileClosing) calls overlapped the close")
         #expect(!doomed.isConnected)
         await live.closeAndWait()
+        return callsWhileClosing
     }
 
     /// The loop only looks at connections epoll reports: every one of many sleeping connections must still be woken
