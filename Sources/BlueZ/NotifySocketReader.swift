@@ -56,12 +56,7 @@ final class NotifySocketReader: Sendable {
             s.closing.append(fd)
             return s.wakeWrite
         }
-        if let wake { Self.poke(wake) }
-    }
-
-    private static func poke(_ fd: Int32) {
-        var one: UInt8 = 1
-        _ = write(fd, &one, 1)
+        if let wake { clinux_poke_wake_socket(wake) }
     }
 
     /// Adds `fd` to the epoll set, readable events.
@@ -122,7 +117,6 @@ final class NotifySocketReader: Sendable {
         clinux_name_thread("bluez-notify")
         let (epoll, wakeRead) = state.withLock { ($0.epoll, $0.wakeRead) }
         var events = [epoll_event](repeating: epoll_event(), count: 64)
-        var buffer = [UInt8](repeating: 0, count: 256)
         var lastWake = UInt64(clinux_monotonic_ns())
         while true {
             // Removed sockets leave the set and are closed here, between handler runs.
@@ -151,7 +145,7 @@ final class NotifySocketReader: Sendable {
                 for index in 0..<Int(n) {
                     let fd = events[index].data.fd
                     if fd == wakeRead {
-                        while read(wakeRead, &buffer, buffer.count) == buffer.count {}
+                        clinux_drain_wake_socket(wakeRead)
                         continue
                     }
                     // A descriptor removed in this round is no longer looked up (its handler is gone).

@@ -2,13 +2,15 @@
 // for the sockets that are ready, whatever the number of sockets registered), and recvmmsg(2), which reads every
 // queued notification of a socket in one call (Glibc declares it, and struct mmsghdr, only under _GNU_SOURCE).
 // Also the two clock primitives of the loops that gather work under load (the notify reader, the MQTT loop), and
-// mallopt(3)'s arena limit (malloc.h is not in the Glibc module), and prctl(2)'s thread name.
+// mallopt(3)'s arena limit (malloc.h is not in the Glibc module), prctl(2)'s thread name, and the two ends of the
+// wake-up sockets the I/O threads sleep on.
 #include <errno.h>
 #include <malloc.h>
 #include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 /// struct mmsghdr of recvmmsg(2), under a name of its own (same layout).
 struct clinux_mmsghdr {
@@ -40,3 +42,17 @@ static inline int clinux_limit_malloc_arenas(int arenas) { return mallopt(M_AREN
 /// Names the calling thread, as ps -L, top -H and /proc/PID/task/TID/comm show it (PR_SET_NAME: at most 15 bytes,
 /// longer names are cut). Glibc declares pthread_setname_np only under _GNU_SOURCE.
 static inline void clinux_name_thread(const char *name) { prctl(PR_SET_NAME, (unsigned long)name, 0, 0, 0); }
+
+/// Writes the one byte that wakes a thread waiting on the reading end of a non-blocking wake-up socket (a full
+/// socket already wakes it, so a failed write is no loss).
+static inline void clinux_poke_wake_socket(int fd) {
+    unsigned char one = 1;
+    ssize_t written = write(fd, &one, 1);
+    (void)written;
+}
+
+/// Reads the reading end of a non-blocking wake-up socket empty, so that epoll stops reporting it.
+static inline void clinux_drain_wake_socket(int fd) {
+    unsigned char buffer[256];
+    while (read(fd, buffer, sizeof buffer) == (ssize_t)sizeof buffer) {}
+}

@@ -223,7 +223,7 @@ final class ConnectionCore: @unchecked Sendable {
         exited.wait()
     }
 
-    private func wake() { pokeWakeSocket(wakeWriteFD) }
+    private func wake() { clinux_poke_wake_socket(wakeWriteFD) }
 
     /// Writes to the wake pipe only when the I/O thread sleeps and nobody woke it yet (one syscall per sleep,
     /// not per message).
@@ -692,7 +692,7 @@ final class ConnectionCore: @unchecked Sendable {
     /// Handles what epoll reported for one of this connection's descriptors.
     fileprivate func handleReady(fd: Int32, events: UInt32) {
         if fd == wakeFD {
-            drainWakeSocket(wakeFD)
+            clinux_drain_wake_socket(wakeFD)
             return
         }
         handleWatches(fd: fd, events: events)
@@ -955,7 +955,7 @@ final class IOLoop: Sendable {
         switch result {
         case .failure(let error): throw error
         case .success(let (thread, wake)):
-            pokeWakeSocket(wake)
+            clinux_poke_wake_socket(wake)
             return thread
         }
     }
@@ -968,7 +968,7 @@ final class IOLoop: Sendable {
             return s.wakeWrite
         }
         guard let wake, wake >= 0 else { return }
-        pokeWakeSocket(wake)
+        clinux_poke_wake_socket(wake)
     }
 
     private static func startThread(_ s: inout State, _ loop: IOLoop) -> DBusError? {
@@ -1141,7 +1141,7 @@ final class IOLoop: Sendable {
             for i in 0..<Int(n) {
                 let token = ready[i].data.u64
                 if token == Self.loopToken {
-                    drainWakeSocket(wakeRead)
+                    clinux_drain_wake_socket(wakeRead)
                     continue
                 }
                 let slot = Int(token >> 32)
@@ -1167,20 +1167,6 @@ final class IOLoop: Sendable {
             }
         }
     }
-}
-
-/// Writes the byte that wakes the I/O loop to a wake-up socket's writing end (non-blocking: a full socket already
-/// wakes it).
-private func pokeWakeSocket(_ fd: Int32) {
-    var one: UInt8 = 1
-    _ = Glibc.write(fd, &one, 1)
-}
-
-/// Reads a wake-up socket's reading end empty (non-blocking), so that epoll stops reporting it.
-private func drainWakeSocket(_ fd: Int32) {
-    var buffer = (UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0))
-    let size = MemoryLayout.size(ofValue: buffer)
-    while withUnsafeMutableBytes(of: &buffer, { Glibc.read(fd, $0.baseAddress, size) }) == size {}
 }
 
 /// Observers of rounds of work on one thread (D-Bus dispatch here, notification delivery in the BlueZ layer): each

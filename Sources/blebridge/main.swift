@@ -4,9 +4,9 @@ import BridgeDaemon
 import BridgeKit
 import BridgeTools
 import CLinux
+import Dispatch
 import MQTT
 import Signals
-import Dispatch
 import Synchronization
 
 #if canImport(Glibc)
@@ -29,12 +29,11 @@ if getenv("MALLOC_ARENA_MAX") == nil, getenv("GLIBC_TUNABLES") == nil { _ = clin
 
 let dispatcher = CommandLineDispatcher(
     commands: BridgeDaemonCommands.all + BridgeToolCommands.all, version: BridgeVersion.current)
-// The command runs as a detached task (top-level code is on the main actor, whose queue nothing drains here) while
-// this thread waits for it, rather than as an `async` top level: for that, the
-// Swift runtime parks the main thread in dispatch_main(), which ends it with pthread_exit(), and the forced unwind
-// of its stack reads the binary's unwind tables (.eh_frame, .eh_frame_hdr) and loads libgcc_s to do it: about
-// 0.4 MB of resident memory for the life of the process, for a stack nothing needed unwound (bench/bridge.sh,
-// notify-b's peak RSS).
+// The command runs on a detached task while this thread waits for it (a detached one: top-level code belongs to the
+// main actor, whose queue nothing drains here). With an `async` top level instead, the Swift runtime parks the main
+// thread in dispatch_main(), which ends it with pthread_exit(); the forced unwind of its stack reads the binary's
+// unwind tables (.eh_frame, .eh_frame_hdr) and loads libgcc_s to do it: about 0.4 MB resident for the life of the
+// process, for a stack nothing needed unwound (bench/bridge.sh, notify-b's peak RSS).
 let status = Atomic<Int32>(0)
 let finished = DispatchSemaphore(value: 0)
 let arguments = Array(CommandLine.arguments.dropFirst())
