@@ -34,6 +34,10 @@ class Broker:
         """`extra_config`: more mosquitto.conf lines (a bridge `connection` section, say)."""
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="blebridge-mosq-")
+        # mkdtemp makes the directory 0700; mosquitto started as root drops to the `mosquitto` user and then cannot
+        # save its database there ("Error saving in-memory database ... Permission denied"), so every session is
+        # lost on a restart without a word.
+        os.chmod(self.dir, 0o777)
         self.config = pathlib.Path(self.dir) / "mosquitto.conf"
         self.config.write_text(
             f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
