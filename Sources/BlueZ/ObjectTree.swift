@@ -714,6 +714,8 @@ struct ObjectPathKey: Hashable, @unchecked Sendable {
 
     private func withBytes<R>(_ body: (UnsafeBufferPointer<UInt8>) -> R) -> R {
         if let borrowed { return body(borrowed) }
+        // A native string's bytes in place: no copy of the String (a retain and a release per comparison).
+        if let result = owned.utf8.withContiguousStorageIfAvailable(body) { return result }
         var path = owned
         return path.withUTF8(body)
     }
