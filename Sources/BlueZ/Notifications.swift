@@ -48,13 +48,18 @@ final class NotifySession: Sendable {
     let characteristic: BlueZCharacteristic
     weak let peripheral: BlueZPeripheral?
     let label: BlueZDeviceLabel
-    let stream: BlueZNotifications
+    /// The consumer's end of the stream, until `takeStream()` hands it over: the session must not keep it, or
+    /// dropping it would not stop the subscription.
+    private let pending: Mutex<BlueZNotifications?>
     private let continuation: AsyncThrowingStream<[UInt8], any Error>.Continuation
     /// Turns the error the stream ends with into the one its consumer expects.
     private let mapError: @Sendable (BlueZError) -> any Error
     /// When set, every value goes to it, on the thread that read it (the notify reader, or the D-Bus I/O thread for
     /// StartNotify), instead of into the stream; the stream then only ends.
     private let consumer: (@Sendable ([UInt8]) -> Void)?
+    /// Told once, when the stream ends, what it ends with (nil: it finished): so that a consumer learns of the end
+    /// without a task of its own waiting on the stream.
+    private let ended: (@Sendable ((any Error)?) -> Void)?
 
     private struct State: @unchecked Sendable {
         // DispatchSourceRead is thread-safe; it is only touched under the lock here.
@@ -72,20 +77,31 @@ final class NotifySession: Sendable {
     init(
         peripheral: BlueZPeripheral, characteristic: BlueZCharacteristic,
         mapError: @escaping @Sendable (BlueZError) -> any Error = { $0 },
-        consumer: (@Sendable ([UInt8]) -> Void)? = nil
+        consumer: (@Sendable ([UInt8]) -> Void)? = nil,
+        ended: (@Sendable ((any Error)?) -> Void)? = nil
     ) {
         self.mapError = mapError
         self.consumer = consumer
+        self.ended = ended
         self.peripheral = peripheral
         self.characteristic = characteristic
         self.label = peripheral.label
         let (stream, continuation) = AsyncThrowingStream<[UInt8], any Error>.makeStream(
             bufferingPolicy: .bufferingNewest(4096))
-        self.stream = BlueZNotifications(base: stream, drops: drops)
+        self.pending = Mutex(BlueZNotifications(base: stream, drops: drops))
         self.continuation = continuation
         continuation.onTermination = { [weak self] termination in
             guard let self, case .cancelled = termination else { return }
             Task { await self.stop() }
+        }
+    }
+
+    /// The stream, for the subscriber (once).
+    func takeStream() -> BlueZNotifications {
+        pending.withLock { held in
+            defer { held = nil }
+            guard let held else { preconditionFailure("NotifySession.takeStream called twice") }
+            return held
         }
     }
 
@@ -328,8 +344,9 @@ final class NotifySession: Sendable {
         if ended { endWhileConnected("BlueZ ended the notify session (Notifying became false)") }
     }
 
-    /// Ends the stream (once): normally when `error` is nil.
-    func end(_ error: BlueZError?) {
+    /// Ends the stream (once): normally when `error` is nil. `tell: false` (a subscription that never started,
+    /// whose caller gets the error instead) leaves `ended` uncalled.
+    func end(_ error: BlueZError?, tell: Bool = true) {
         let first = state.withLock { s -> Bool in
             let first = !s.ended
             s.ended = true
@@ -337,11 +354,13 @@ final class NotifySession: Sendable {
         }
         stopReading()
         guard first else { return }
-        if let error {
-            continuation.finish(throwing: mapError(error))
+        let mapped = error.map(mapError)
+        if let mapped {
+            continuation.finish(throwing: mapped)
         } else {
             continuation.finish()
         }
+        if tell { ended?(mapped) }
     }
 
     /// Stops the subscription: StopNotify (StartNotify mode) or closing the socket (AcquireNotify mode).

@@ -128,6 +128,9 @@ public final class BlueZPeripheral: Sendable {
         /// The client's value route of each session (`BlueZClient.routeValues`), by characteristic path.
         var valueRoutes: [String: UInt64] = [:]
         var waiters: [ObjectIdentifier: OneShot<BlueZDisconnectReason>] = [:]
+        /// `onDisconnection` handlers, by id.
+        var handlers: [UInt64: @Sendable (BlueZDisconnectReason) -> Void] = [:]
+        var nextHandler: UInt64 = 0
         var negotiatedMTU: Int?
         /// This peripheral called Device1.Connect (so a cancelled connect takes the link down again).
         var connectIssued = false
@@ -206,6 +209,28 @@ public final class BlueZPeripheral: Sendable {
 
     /// The number of tasks waiting for the disconnection (tests check that cancelled waits do not linger).
     var disconnectionWaiterCount: Int { state.withLock { $0.waiters.count } }
+
+    /// The number of `onDisconnection` handlers not called or removed yet.
+    var disconnectionHandlerCount: Int { state.withLock { $0.handlers.count } }
+
+    /// Calls `handler` once when the connection ends, with why, on the thread that saw it end; at once, on this
+    /// thread, when it already has (then the result is nil). Unlike `waitForDisconnection()`, no task waits
+    /// meanwhile. The id returned removes the handler (`removeDisconnectionHandler(_:)`).
+    public func onDisconnection(_ handler: @escaping @Sendable (BlueZDisconnectReason) -> Void) -> UInt64? {
+        let (id, already) = state.withLock { s -> (UInt64?, BlueZDisconnectReason?) in
+            if let d = s.disconnection { return (nil, d) }
+            s.nextHandler += 1
+            s.handlers[s.nextHandler] = handler
+            return (s.nextHandler, nil)
+        }
+        if let already { handler(already) }
+        return id
+    }
+
+    /// Removes a handler `onDisconnection(_:)` registered (nothing when it was called already).
+    public func removeDisconnectionHandler(_ id: UInt64) {
+        _ = state.withLock { $0.handlers.removeValue(forKey: id) }
+    }
 
     /// The ATT MTU: from AcquireNotify when one was done, else the largest characteristic `MTU` property.
     public var mtu: Int? {
@@ -290,8 +315,9 @@ public final class BlueZPeripheral: Sendable {
 
     /// Marks the connection ended (once), ends every notification stream and closes our D-Bus connection.
     func finish(_ reason: BlueZDisconnectReason) {
-        let result = state.withLock { s -> (Bool, [NotifySession], [OneShot<BlueZDisconnectReason>], UInt64?) in
-            guard s.disconnection == nil else { return (false, [], [], nil) }
+        let result = state.withLock {
+            s -> (Bool, [NotifySession], [OneShot<BlueZDisconnectReason>], [@Sendable (BlueZDisconnectReason) -> Void], UInt64?) in
+            guard s.disconnection == nil else { return (false, [], [], [], nil) }
             var reason = reason
             if s.disconnectRequested { reason.requested = true }
             s.disconnection = reason
@@ -301,14 +327,17 @@ public final class BlueZPeripheral: Sendable {
             s.valueRoutes = [:]
             let waiters = Array(s.waiters.values)
             s.waiters = [:]
+            let handlers = s.handlers.sorted { $0.key < $1.key }.map(\.value)
+            s.handlers = [:]
             defer { s.subscription = nil }
-            return (s.connected, sessions, waiters, s.subscription)
+            return (s.connected, sessions, waiters, handlers, s.subscription)
         }
-        let (wasConnected, sessions, waiters, subscription) = result
+        let (wasConnected, sessions, waiters, handlers, subscription) = result
         guard let final = disconnection else { return }
         if let subscription { client.unsubscribe(subscription) }
         for session in sessions { session.end(.disconnected(device: label, reason: final)) }
         for w in waiters { w.complete(final) }
+        for h in handlers { h(final) }
         if wasConnected {
             if final.requested {
                 client.logger.info("device \(label): disconnected (\(final))", ["ble.address": label.address])
@@ -695,10 +724,15 @@ public final class BlueZPeripheral: Sendable {
     /// AcquireNotify socket; under StartNotify the D-Bus I/O thread), in order, instead of being queued in the stream:
     /// no thread hop per notification. The consumer must not block. The returned stream then carries no values and
     /// only ends (as above).
+    ///
+    /// `ended`, when given, is called once when the stream ends, with what it ends with (nil: it finished), on the
+    /// thread that ended it: a consumer that only waits for the end needs no task of its own for it. Dropping the
+    /// returned stream without iterating it stops the subscription, as cancelling an iteration does.
     public func notifications(
         for characteristic: BlueZCharacteristic, preferAcquire: Bool = true,
         mapError: @escaping @Sendable (BlueZError) -> any Error,
-        consumer: (@Sendable ([UInt8]) -> Void)? = nil
+        consumer: (@Sendable ([UInt8]) -> Void)? = nil,
+        ended: (@Sendable ((any Error)?) -> Void)? = nil
     ) async throws(BlueZError) -> BlueZNotifications {
         let op = "notify \(shortUUID(characteristic.uuid))"
         if let d = disconnection { throw .disconnected(device: label, reason: d) }
@@ -711,7 +745,7 @@ public final class BlueZPeripheral: Sendable {
         }
         if let existing = state.withLock({ $0.sessions[characteristic.path] }) { await existing.stop() }
         let session = NotifySession(
-            peripheral: self, characteristic: current, mapError: mapError, consumer: consumer)
+            peripheral: self, characteristic: current, mapError: mapError, consumer: consumer, ended: ended)
         if preferAcquire, current.notifyAcquireAvailable {
             do {
                 let reply = try await connection.call(
@@ -726,7 +760,7 @@ public final class BlueZPeripheral: Sendable {
                     session.startSocket(fd: fd)
                     register(session)
                     client.logger.debug("device \(label): \(op) via AcquireNotify")
-                    return session.stream
+                    return session.takeStream()
                 }
                 client.logger.debug("device \(label): AcquireNotify returned no fd; falling back to StartNotify")
             } catch {
@@ -745,11 +779,11 @@ public final class BlueZPeripheral: Sendable {
                 operation: op, timeout: .seconds(10))
         } catch {
             unregister(session)
-            session.end(nil)
+            session.end(nil, tell: false)
             throw error
         }
         client.logger.debug("device \(label): \(op) via StartNotify")
-        return session.stream
+        return session.takeStream()
     }
 
     /// Makes `session` the characteristic's, with the client's value route to it (its StartNotify values then come

@@ -373,9 +373,39 @@ final class BlueZLink: BLELink {
         }
     }
 
+    /// Told by the notify session when it ends: no task per subscription waits for it. The watch holds the
+    /// session's stream, which carries no values (they go to `deliver`); dropping it stops the subscription.
+    func subscribe(
+        _ characteristic: BLECharacteristic, deliver: @escaping @Sendable ([UInt8]) -> Void,
+        ended: @escaping @Sendable ((any Error)?) -> Void
+    ) async throws(BLEError) -> BLEWatch {
+        let c = try bluez(characteristic)
+        let stream: BLENotificationStream
+        do {
+            stream = try await peripheral.notifications(
+                for: c, mapError: { error in BlueZCentral.classify(error) }, consumer: deliver, ended: ended
+            ).stream
+        } catch {
+            throw BlueZCentral.classify(error)
+        }
+        let held = Mutex<BLENotificationStream?>(stream)
+        return BLEWatch { _ = held.withLock { $0.take() } }
+    }
+
     func waitForDisconnection() async -> BLEDisconnection {
         let reason = await peripheral.waitForDisconnection()
         return BLEDisconnection(requested: reason.requested, reason: reason.description)
+    }
+
+    /// Told by the peripheral when the link ends: no task waits for it.
+    func watchDisconnection(_ handler: @escaping @Sendable (BLEDisconnection) -> Void) -> BLEWatch {
+        let peripheral = self.peripheral
+        let id = peripheral.onDisconnection { reason in
+            handler(BLEDisconnection(requested: reason.requested, reason: reason.description))
+        }
+        return BLEWatch {
+            if let id { peripheral.removeDisconnectionHandler(id) }
+        }
     }
 
     func disconnect() async { await peripheral.disconnect() }

@@ -2,6 +2,7 @@
 // implement them in BridgeAdapters; tests implement them in memory.
 import GATT
 import Logging
+import Synchronization
 
 // MARK: Addresses
 
@@ -236,6 +237,28 @@ public struct BLEDisconnection: Sendable, Equatable, CustomStringConvertible {
 /// Notification values of one characteristic; ends (with an error) when the link or the subscription ends.
 public typealias BLENotificationStream = AsyncThrowingStream<[UInt8], any Error>
 
+/// What `BLELink.watchDisconnection(_:)` and `BLELink.subscribe(_:deliver:ended:)` return: `cancel()`, or
+/// dropping the watch, stops what it watches (a subscription ends; a handler is no longer called).
+public final class BLEWatch: Sendable {
+    private let stop: Mutex<(@Sendable () -> Void)?>
+
+    /// A watch that runs `cancel` once, when cancelled or dropped.
+    public init(cancel: @escaping @Sendable () -> Void) {
+        stop = Mutex(cancel)
+    }
+
+    /// Stops it (once).
+    public func cancel() {
+        let run = stop.withLock { current -> (@Sendable () -> Void)? in
+            defer { current = nil }
+            return current
+        }
+        run?()
+    }
+
+    deinit { cancel() }
+}
+
 /// A connected device.
 public protocol BLELink: AnyObject, Sendable {
     /// The device.
@@ -255,13 +278,51 @@ public protocol BLELink: AnyObject, Sendable {
     /// default relays `notifications(_:)` through a task.
     func notifications(_ characteristic: BLECharacteristic, deliver: @escaping @Sendable ([UInt8]) -> Void)
         async throws(BLEError) -> BLENotificationStream
+    /// Subscribes like `notifications(_:deliver:)`, and calls `ended` once when the subscription ends by itself
+    /// (nil: it finished; else its error, a `BLEError` of kind `.disconnected` when the link went). Cancelling or
+    /// dropping the returned watch stops the subscription (`ended` may still be told of it). The default waits on
+    /// the stream in a task; an adapter that can say when a subscription ends needs none.
+    func subscribe(
+        _ characteristic: BLECharacteristic, deliver: @escaping @Sendable ([UInt8]) -> Void,
+        ended: @escaping @Sendable ((any Error)?) -> Void
+    ) async throws(BLEError) -> BLEWatch
     /// Waits until the link ends and says why.
     func waitForDisconnection() async -> BLEDisconnection
+    /// Calls `handler` once when the link ends, with why (at once when it has already ended), until the returned
+    /// watch is cancelled or dropped. The default waits in a task (`waitForDisconnection()`); an adapter that is
+    /// told of the end needs none.
+    func watchDisconnection(_ handler: @escaping @Sendable (BLEDisconnection) -> Void) -> BLEWatch
     /// Disconnects on purpose (the bridge will not reconnect because of it).
     func disconnect() async
 }
 
 extension BLELink {
+    /// Waits on `notifications(_:deliver:)`'s stream in a task.
+    public func subscribe(
+        _ characteristic: BLECharacteristic, deliver: @escaping @Sendable ([UInt8]) -> Void,
+        ended: @escaping @Sendable ((any Error)?) -> Void
+    ) async throws(BLEError) -> BLEWatch {
+        let values = try await notifications(characteristic, deliver: deliver)
+        let watcher = Task {
+            do {
+                for try await _ in values {}
+                if !Task.isCancelled { ended(nil) }
+            } catch {
+                if !Task.isCancelled { ended(error) }
+            }
+        }
+        return BLEWatch { watcher.cancel() }
+    }
+
+    /// Waits for `waitForDisconnection()` in a task.
+    public func watchDisconnection(_ handler: @escaping @Sendable (BLEDisconnection) -> Void) -> BLEWatch {
+        let watcher = Task {
+            let d = await waitForDisconnection()
+            if !Task.isCancelled { handler(d) }
+        }
+        return BLEWatch { watcher.cancel() }
+    }
+
     /// Relays `notifications(_:)` to `deliver` through a task; the returned stream ends when that one does.
     public func notifications(_ characteristic: BLECharacteristic, deliver: @escaping @Sendable ([UInt8]) -> Void)
         async throws(BLEError) -> BLENotificationStream

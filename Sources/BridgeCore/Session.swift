@@ -2,6 +2,7 @@
 // stream, back off), connection slots per adapter, and the silent-subscription watchdog.
 import GATT
 import Logging
+import Synchronization
 
 /// The backoff policy: exponential with jitter, base and cap by error class (short after
 /// `le-connection-abort-by-local`, longer when out of slots or the device is not found).
@@ -50,6 +51,29 @@ struct StreamWatch: Sendable {
     let silence: Bool
     /// `silence_factor`: how many usual intervals without a notification count as silent.
     let factor: Double
+}
+
+/// The tasks that hold back a subscription's `.disconnected` end (`Bridge.subscriptionEnded`), cancelled together
+/// when the stream is over; one added after that is cancelled at once.
+final class GraceTasks: Sendable {
+    private let state = Mutex<(tasks: [Task<Void, Never>], closed: Bool)>(([], false))
+
+    func add(_ task: Task<Void, Never>) {
+        let closed = state.withLock { s -> Bool in
+            if !s.closed { s.tasks.append(task) }
+            return s.closed
+        }
+        if closed { task.cancel() }
+    }
+
+    func cancelAll() {
+        let tasks = state.withLock { s -> [Task<Void, Never>] in
+            s.closed = true
+            defer { s.tasks = [] }
+            return s.tasks
+        }
+        for t in tasks { t.cancel() }
+    }
 }
 
 /// How a streaming session ended.
@@ -357,7 +381,16 @@ extension Bridge {
         noteCharacteristicFields(r, characteristics)
         setSession(r, .subscribing)
         let chosen = subscriptionTargets(r, characteristics)
-        var streams: [(BLECharacteristic, BLENotificationStream)] = []
+        // The first of: the link ends, a subscription ends, a subscription goes silent, or this task is cancelled.
+        // The link and the subscriptions say so through callbacks (no task waits on each), so the ends exist
+        // before the first subscription, which can end at once.
+        let (ends, endsContinuation) = AsyncStream<StreamEnd>.makeStream(bufferingPolicy: .bufferingOldest(8))
+        let graces = GraceTasks()
+        defer {
+            graces.cancelAll()
+            endsContinuation.finish()
+        }
+        var subscriptions: [(BLECharacteristic, BLEWatch)] = []
         // A subscription that fails for a reason that may pass (bluetoothd just restarted, the CCC write failed)
         // is tried again a few times; if it still fails, the connection is dropped and retried with backoff, so
         // that a device never stays online with a characteristic it was meant to stream missing. A refusal (not
@@ -368,10 +401,11 @@ extension Bridge {
             while true {
                 do {
                     // Values are handled where they are read: no hop per notification.
-                    let values = try await inChildTask { () async throws(BLEError) -> BLENotificationStream in
-                        try await link.notifications(c, deliver: { self.handleNotification(r, c, $0) })
+                    let ended = subscriptionEnded(c, into: endsContinuation, graces: graces)
+                    let watch = try await inChildTask { () async throws(BLEError) -> BLEWatch in
+                        try await link.subscribe(c, deliver: { self.handleNotification(r, c, $0) }, ended: ended)
                     }
-                    streams.append((c, values))
+                    subscriptions.append((c, watch))
                     break
                 } catch {
                     if Task.isCancelled {
@@ -414,12 +448,15 @@ extension Bridge {
         setSession(r, .streaming)
         setAvailability(r, online: true)
         logger.info(
-            "connected on \(adapter): \(streams.count) subscriptions"
-                + (streams.isEmpty ? "" : " (\(streams.map { $0.0.uuid.description }.joined(separator: ", ")))"),
+            "connected on \(adapter): \(subscriptions.count) subscriptions"
+                + (subscriptions.isEmpty
+                    ? "" : " (\(subscriptions.map { $0.0.uuid.description }.joined(separator: ", ")))"),
             ["device": r.id])
         publishEvent("connected", r, [("adapter", .string(adapter))])
         publishDevices()
-        let end = await stream(r, link: link, streams)
+        let end = await stream(
+            r, link: link, subscribed: !subscriptions.isEmpty, ends: ends, endsContinuation: endsContinuation)
+        for (_, watch) in subscriptions { watch.cancel() }
         if case .stopped = end {
             await uncancelled { await link.disconnect() }
             setAvailability(r, online: false)
@@ -435,50 +472,50 @@ extension Bridge {
         return .success(end)
     }
 
-    func stream(_ r: DeviceRecord, link: any BLELink, _ streams: [(BLECharacteristic, BLENotificationStream)]) async
-        -> StreamEnd
-    {
-        let factor = config.bluetooth.silenceFactor
-        // The first of: the link ends, a subscription ends, a subscription goes silent, or this task is cancelled.
-        // Unstructured tasks, so that a wait that does not honour cancellation cannot hold up the shutdown.
-        let (ends, endsContinuation) = AsyncStream<StreamEnd>.makeStream(bufferingPolicy: .bufferingOldest(8))
-        var tasks: [Task<Void, Never>] = []
-        tasks.append(
-            Task {
-                let d = await link.waitForDisconnection()
-                endsContinuation.yield(d.requested ? .stopped : .linkLost(d))
-            })
-        for (c, values) in streams {
-            tasks.append(
-                Task {
-                    do {
-                        // The values went to handleNotification as they came; this only waits for the end.
-                        for try await _ in values {}
-                        if !Task.isCancelled { endsContinuation.yield(.subscriptionEnded(c.uuid, "stream finished")) }
-                    } catch let error as BLEError where error.kind == .disconnected {
-                        // The link went (the real bluetoothd closes the notify socket before it signals
-                        // Connected=false): the link's own end, lost or requested, is the reason, and the task above
-                        // reports it. This subscription speaks only if the link never does.
-                        do { try await self.clock.sleep(for: .seconds(5)) } catch { return }
-                        if !Task.isCancelled { endsContinuation.yield(.subscriptionEnded(c.uuid, "\(error)")) }
-                    } catch {
-                        if !Task.isCancelled { endsContinuation.yield(.subscriptionEnded(c.uuid, "\(error)")) }
-                    }
-                })
+    /// What a subscription's end tells the stream: why it ended. A `.disconnected` end waits 5 s first: the link
+    /// went (the real bluetoothd closes the notify socket before it signals Connected=false), so the link's own end,
+    /// lost or requested, is the reason, and this one speaks only if the link never does.
+    func subscriptionEnded(
+        _ c: BLECharacteristic, into ends: AsyncStream<StreamEnd>.Continuation, graces: GraceTasks
+    ) -> @Sendable ((any Error)?) -> Void {
+        let clock = self.clock
+        return { error in
+            guard let error else {
+                ends.yield(.subscriptionEnded(c.uuid, "stream finished"))
+                return
+            }
+            if let e = error as? BLEError, e.kind == .disconnected {
+                graces.add(
+                    Task {
+                        do { try await clock.sleep(for: .seconds(5)) } catch { return }
+                        if !Task.isCancelled { ends.yield(.subscriptionEnded(c.uuid, "\(error)")) }
+                    })
+            } else {
+                ends.yield(.subscriptionEnded(c.uuid, "\(error)"))
+            }
         }
+    }
+
+    /// Waits for the first reason to end: the link's end (told by the link), a subscription's (told through
+    /// `subscriptionEnded`), a hand-over or a silent subscription (told by the tick), or this task's cancellation.
+    func stream(
+        _ r: DeviceRecord, link: any BLELink, subscribed: Bool, ends: AsyncStream<StreamEnd>,
+        endsContinuation: AsyncStream<StreamEnd>.Continuation
+    ) async -> StreamEnd {
+        let factor = config.bluetooth.silenceFactor
+        let linkWatch = link.watchDisconnection { d in endsContinuation.yield(d.requested ? .stopped : .linkLost(d)) }
         // A hand-over or a silent subscription: told by the bridge's tick, once a second (`watchStreams`).
-        if !streams.isEmpty || coordination != nil {
-            let watch = StreamWatch(ends: endsContinuation, silence: !streams.isEmpty, factor: factor)
+        if subscribed || coordination != nil {
+            let watch = StreamWatch(ends: endsContinuation, silence: subscribed, factor: factor)
             r.data.withLock { $0.streamWatch = watch }
         }
         var end: StreamEnd = .stopped
-        for await first in ends {
+        for await first in ends {  // a cancelled task ends the iteration
             end = first
             break
         }
         r.data.withLock { $0.streamWatch = nil }
-        for t in tasks { t.cancel() }
-        endsContinuation.finish()
+        linkWatch.cancel()
         if Task.isCancelled { return .stopped }
         return end
     }

@@ -210,7 +210,7 @@ func notifyRegistry(_ uuid: String) -> GATTParserRegistry {
 
 /// Connects to every advertising device that has `uuid` and subscribes to it with StartNotify, each value handed
 /// over on the D-Bus I/O thread (the bridge's way); returns the peripherals, which must stay alive.
-func startNotifyPath(_ client: BlueZClient, uuid text: String) async throws -> [BlueZPeripheral] {
+func startNotifyPath(_ client: BlueZClient, uuid text: String) async throws -> [(BlueZPeripheral, BlueZNotifications)] {
     guard let uuid = BluetoothUUID(text) else { fail("--notify: \(text) is not a UUID") }
     let registry = notifyRegistry(text)
     // Every device the simulator has: scan until the count stops growing.
@@ -227,7 +227,7 @@ func startNotifyPath(_ client: BlueZClient, uuid text: String) async throws -> [
         devices = now
     }
     for scan in scans { await scan.stop() }
-    var peripherals: [BlueZPeripheral] = []
+    var peripherals: [(BlueZPeripheral, BlueZNotifications)] = []
     for d in devices.sorted(by: { $0.address < $1.address }) {
         let p = try await client.connect(d)
         guard let c = p.characteristics(uuid: text).first else {
@@ -235,10 +235,11 @@ func startNotifyPath(_ client: BlueZClient, uuid text: String) async throws -> [
             continue
         }
         let n = deviceNumber(d.address)
-        _ = try await p.notifications(for: c, preferAcquire: false, mapError: { $0 }) { value in
+        // Kept: dropping the stream would stop the subscription.
+        let values = try await p.notifications(for: c, preferAcquire: false, mapError: { $0 }) { value in
             recordValue(value, device: n, uuid: uuid, registry: registry)
         }
-        peripherals.append(p)
+        peripherals.append((p, values))
     }
     say("subscribed to \(peripherals.count) device(s) with StartNotify")
     return peripherals

@@ -245,4 +245,60 @@ func streamEnd(_ iterator: inout BlueZNotifications.AsyncIterator) async -> Blue
         #expect(p.isConnected)
         await p.disconnect()
     }
+
+    /// A consumer that only waits for the end (the bridge) is told of it by callback: no task waits on the stream.
+    @Test func endedCallbackTellsWhySubscriptionsEndAndNotAFailedStart() async throws {
+        let t = try await SimClient()
+        let p = try await t.connect()
+        let hr = try p.characteristic("2A37")
+        let battery = try p.characteristic("2A19")
+        let got = Mutex<[[UInt8]]>([])
+        let ends = Mutex<[String]>([])
+        let held = try await p.notifications(
+            for: hr, mapError: { $0 }, consumer: { v in got.withLock { $0.append(v) } },
+            ended: { e in ends.withLock { $0.append(e.map { "\($0)" } ?? "finished") } })
+        try await t.simulator("PushNotification", [.string(strap), .string("2A37"), .bytes([7])])
+        try await eventually(5, "the value at the consumer") { got.withLock { $0 } == [[7]] }
+        #expect(ends.withLock { $0 }.isEmpty)
+        // bluetoothd closes the AcquireNotify socket while the link stays up: told once, with the reason.
+        try await t.simulator("EndNotify", [.string(strap), .string("2A37")])
+        try await eventually(5, "the end told") { ends.withLock { $0.count } == 1 }
+        #expect(ends.withLock { $0 }.first?.contains("closed the notification socket") == true, "\(ends.withLock { $0 })")
+        withExtendedLifetime(held) {}
+        // A stream dropped without being iterated stops its subscription: the battery's StartNotify session goes
+        // (Notifying false in BlueZ), and its own `ended` says it finished.
+        let batteryEnds = Mutex<[String]>([])
+        var batteryValues: BlueZNotifications? = try await p.notifications(
+            for: battery, preferAcquire: false, mapError: { $0 }, consumer: { _ in },
+            ended: { e in batteryEnds.withLock { $0.append(e.map { "\($0)" } ?? "finished") } })
+        try await eventually(5, "Notifying true") { p.refreshed(battery)?.notifying == true }
+        #expect(batteryValues != nil)
+        batteryValues = nil
+        try await eventually(5, "the dropped stream's subscription stopped") {
+            p.refreshed(battery)?.notifying == false
+        }
+        #expect(batteryEnds.withLock { $0 } == ["finished"])
+        await p.disconnect()
+    }
+
+    /// `onDisconnection` handlers run once when the link ends (at once when it has), and a removed one never.
+    @Test func disconnectionHandlersRunOnceAndRemovedOnesNever() async throws {
+        let t = try await SimClient()
+        let p = try await t.connect()
+        let told = Mutex<[String]>([])
+        let first = p.onDisconnection { r in told.withLock { $0.append("first \(r.kind)") } }
+        let removed = p.onDisconnection { _ in told.withLock { $0.append("removed") } }
+        #expect(first != nil && removed != nil)
+        #expect(p.disconnectionHandlerCount == 2)
+        p.removeDisconnectionHandler(removed!)
+        #expect(p.disconnectionHandlerCount == 1)
+        try await t.simulator("Disconnect", [.string(strap), .string("remote")])
+        _ = await p.waitForDisconnection()
+        #expect(told.withLock { $0 } == ["first remote"])
+        #expect(p.disconnectionHandlerCount == 0)
+        // Registered after the end: called at once, on this thread, with the same reason.
+        let late = p.onDisconnection { r in told.withLock { $0.append("late \(r.kind)") } }
+        #expect(late == nil)
+        #expect(told.withLock { $0 } == ["first remote", "late remote"])
+    }
 }

@@ -251,9 +251,10 @@ final class EventLog: Sendable {
             let p = try await t.connect()
             let battery = try p.characteristic("2A19")
             batteryPath = battery.path
-            _ = try await p.notifications(for: battery, preferAcquire: false)
+            let values = try await p.notifications(for: battery, preferAcquire: false)
             try await eventually(5, "Notifying") { p.refreshed(battery)?.notifying == true }
             weakPeripheral = p
+            withExtendedLifetime(values) {}  // dropped with the peripheral, not before
         }
         try await eventually(5, "the peripheral freed") { weakPeripheral == nil }
         // Its D-Bus connection closed with it, so BlueZ dropped its notify session.

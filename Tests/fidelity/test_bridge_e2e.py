@@ -555,6 +555,28 @@ def test_silent_subscription_triggers_a_reconnect(broker, demo_sim):
         j.close()
 
 
+def test_a_subscription_bluez_ends_while_connected_reconnects(broker, demo_sim):
+    """bluetoothd closes the strap's AcquireNotify socket while the link stays up (Service Changed, StopNotify from
+    elsewhere): the bridge is told at once, says which subscription ended and why, and streams again."""
+    j = Judge(broker.port)
+    bridge = BridgeProcess(demo_config(broker.port), demo_sim.env)
+    try:
+        j.wait_json("blebridge/chest_strap", lambda v: "heart_rate_bpm" in v)
+        t = time.monotonic()
+        demo_sim.control("EndNotify", f"string:{HR_STRAP}", "string:2A37")
+        event = j.wait_json("blebridge/bridge/event",
+                            lambda v: v["type"] == "disconnected" and v["data"]["id"] == "chest_strap", after=t,
+                            timeout=10)
+        reason = event["data"]["reason"]
+        assert "subscription to 2A37 ended" in reason and "closed the notification socket" in reason, reason
+        back = time.monotonic()
+        j.wait_json("blebridge/chest_strap/availability", lambda v: v["state"] == "online", after=back, timeout=30)
+        j.wait_json("blebridge/chest_strap", lambda v: "heart_rate_bpm" in v, after=back, timeout=30)
+    finally:
+        bridge.close()
+        j.close()
+
+
 TWO_ADAPTERS = """
 adapters:
   - {id: hci0, address: "00:1A:7D:DA:71:10", name: sim0}
