@@ -33,6 +33,8 @@ public final class Bridge: Sendable {
         var byAddress: [BLEAddress: DeviceRecord] = [:]
         var order: [String] = []
         var slots: [String: Int] = [:]
+        /// Connects in progress, by adapter (`Bridge.connectsPerAdapter`).
+        var connectPermits: [String: AsyncPermits] = [:]
         var adapters: [BLEAdapterInfo] = []
         var mqttConnected = false
         var bluetoothdRunning = false

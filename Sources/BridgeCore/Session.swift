@@ -153,6 +153,22 @@ extension Bridge {
         }
     }
 
+    /// How many connects an adapter has in progress at once. The controller makes one LE connection at a time
+    /// (the kernel queues the rest), so more in flight only wait inside bluetoothd and the kernel, each holding
+    /// its D-Bus call, its deadline and the bridge's state for a connect (at start-up with 100 devices, 0.7 MB
+    /// at once); the second one lets a connect start while the previous one resolves its services.
+    static let connectsPerAdapter = 2
+
+    /// The adapter's connect permits (`connectsPerAdapter`).
+    func connectPermits(_ adapter: String) -> AsyncPermits {
+        engine.withLock { s in
+            if let p = s.connectPermits[adapter] { return p }
+            let p = AsyncPermits(Self.connectsPerAdapter)
+            s.connectPermits[adapter] = p
+            return p
+        }
+    }
+
     func releaseSlot(_ adapter: String) {
         engine.withLock { s in s.slots[adapter] = max(0, (s.slots[adapter] ?? 1) - 1) }
         // A device waiting for a slot gets it now instead of sitting out its backoff.
@@ -360,7 +376,10 @@ extension Bridge {
         setSession(r, .connecting)
         let link: any BLELink
         let (central, timeout) = (self.central, config.bluetooth.connectTimeout)
+        let permits = connectPermits(adapter)
+        guard await permits.acquire() else { return .success(.stopped) }
         do {
+            defer { permits.release() }
             link = try await inChildTask { () async throws(BLEError) -> any BLELink in
                 try await central.connect(address, adapter: adapter, timeout: timeout)
             }

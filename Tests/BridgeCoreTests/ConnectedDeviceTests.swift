@@ -1,7 +1,8 @@
 // Connected devices: a session starts on the first advertisement, subscribes, streams, and reconnects (or not)
 // according to why the link ended; connection slots per adapter.
-import BridgeCore
+@testable import BridgeCore
 import GATT
+import Synchronization
 import Testing
 
 /// A heart-rate strap: 2A37 (notify), 2A38 (read), battery 2A19 (read, notify), and a vendor characteristic that
@@ -387,6 +388,83 @@ struct Strap {
             #expect(h.central.attempts.count == 1)
             #expect(h.mqtt.messages(on: "blebridge/chest_strap/availability").last?.text == #"{"state":"offline"}"#)
         }
+    }
+}
+
+@Suite struct ConnectsInProgressTests {
+    static let addresses = (1...5).map { "C0:FF:EE:00:01:0\($0)" }
+    static let fiveStraps =
+        "mqtt: {url: mqtt://127.0.0.1:1883}\ndevices:\n"
+        + addresses.enumerated().map { i, a in
+            "  - {name: strap_\(i), match: {address: \"\(a)\"}, mode: connected}\n"
+        }.joined()
+
+    /// Five devices appear at once: two connects are in progress on the adapter at a time (the controller makes one
+    /// LE connection at a time anyway), the others wait their turn, and all five stream in the end.
+    @Test func anAdapterHasAtMostTwoConnectsInProgress() async throws {
+        let straps = try Self.addresses.map { try address($0) }
+        try await withBridge(
+            Self.fiveStraps,
+            setup: { c in
+                for s in straps { try Strap.add(c, s) }
+                c.holdConnects(true)
+            }
+        ) { h in
+            for s in straps { h.central.advertise(s) }
+            var connected = 0
+            while connected < straps.count {
+                let batch = min(2, straps.count - connected)
+                try await eventually("\(batch) connects held, \(connected) done") { h.central.heldConnectCount == batch }
+                h.central.releaseConnects()
+                connected += batch
+                try await eventually("\(connected) links") { h.central.state.withLock { $0.links.count } == connected }
+            }
+            for i in straps.indices {
+                try await h.mqtt.waitForMessage(on: "blebridge/strap_\(i)/availability") { $0.text.contains("online") }
+            }
+            #expect(h.central.mostConnectsInProgress == 2)
+        }
+    }
+}
+
+final class OrderLog: Sendable {
+    private let entries = Mutex<[String]>([])
+    func withLock<R>(_ body: (inout [String]) -> R) -> R { entries.withLock { body(&$0) } }
+}
+
+@Suite struct AsyncPermitsTests {
+    /// A cancelled wait leaves the queue (its permit goes to the next waiter), and permits go in arrival order.
+    @Test func waitsAreFIFOAndACancelledWaitLeavesTheQueue() async throws {
+        let permits = AsyncPermits(1)
+        #expect(await permits.acquire())
+        let order = OrderLog()
+        let first = Task {
+            let ok = await permits.acquire()
+            order.withLock { $0.append("first \(ok)") }
+        }
+        try await eventually("first waits") { permits.waiting == 1 }
+        let cancelled = Task { await permits.acquire() }
+        try await eventually("second waits") { permits.waiting == 2 }
+        let third = Task {
+            let ok = await permits.acquire()
+            order.withLock { $0.append("third \(ok)") }
+        }
+        try await eventually("third waits") { permits.waiting == 3 }
+        cancelled.cancel()
+        #expect(await cancelled.value == false)
+        #expect(permits.waiting == 2)
+        permits.release()
+        await first.value
+        #expect(order.withLock { $0 } == ["first true"])
+        permits.release()
+        await third.value
+        #expect(order.withLock { $0 } == ["first true", "third true"])
+        // A task cancelled before it asks gets no permit.
+        let late = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            return await permits.acquire()
+        }
+        #expect(await late.value == false)
     }
 }
 

@@ -314,6 +314,12 @@ final class FakeCentral: BLECentral {
         var removed: [BLEAddress] = []
         var started = false
         var closed = false
+        /// While true, each `connect` waits in `heldConnects` until `releaseConnects()`.
+        var holdConnects = false
+        var heldConnects: [CheckedContinuation<Void, Never>] = []
+        /// Connects in progress now, and the most there ever were at once.
+        var connectsInProgress = 0
+        var mostConnectsInProgress = 0
     }
 
     let state: Mutex<State>
@@ -346,6 +352,17 @@ final class FakeCentral: BLECentral {
     func stopScanning() async { state.withLock { $0.stopScans += 1 } }
 
     func connect(_ address: BLEAddress, adapter: String, timeout: Duration) async throws(BLEError) -> any BLELink {
+        let hold = state.withLock { s -> Bool in
+            s.connectsInProgress += 1
+            s.mostConnectsInProgress = max(s.mostConnectsInProgress, s.connectsInProgress)
+            return s.holdConnects
+        }
+        if hold {
+            await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+                state.withLock { $0.heldConnects.append(c) }
+            }
+        }
+        defer { state.withLock { $0.connectsInProgress -= 1 } }
         let result = state.withLock { s -> Result<FakeLink, BLEError> in
             s.attempts.append(Attempt(address: address, adapter: adapter))
             if var errors = s.scriptedErrors[address], !errors.isEmpty {
@@ -375,6 +392,23 @@ final class FakeCentral: BLECentral {
 
     func removeDevice(_ address: BLEAddress, adapter: String) async throws(BLEError) {
         state.withLock { $0.removed.append(address) }
+    }
+
+    /// Connects waiting in `holdConnects` now.
+    var heldConnectCount: Int { state.withLock { $0.heldConnects.count } }
+    /// The most connects there were in progress at once.
+    var mostConnectsInProgress: Int { state.withLock { $0.mostConnectsInProgress } }
+
+    /// Holds every connect from now on (true) or lets them through (false).
+    func holdConnects(_ hold: Bool) { state.withLock { $0.holdConnects = hold } }
+
+    /// Lets the held connects go on.
+    func releaseConnects() {
+        let held = state.withLock { s -> [CheckedContinuation<Void, Never>] in
+            defer { s.heldConnects = [] }
+            return s.heldConnects
+        }
+        for c in held { c.resume() }
     }
 
     func connectedDevices() -> [BLEAdvertisement] { state.withLock { $0.connectedAtStart } }
