@@ -219,11 +219,19 @@ def test_binary_lays_out_the_listed_functions_together(release_binary):
             listed.add(line[len(".text."):])
     assert len(listed) > 1000, "deploy/text-order.txt lists too few functions (scripts/text-order.sh makes it)"
     spans = []
+    present = set()
     for line in check(["nm", "-S", "--defined-only", release_binary]).stdout.splitlines():
         fields = line.split()
         if len(fields) == 4 and fields[2] in "tTwW" and fields[3] in listed:
             spans.append((int(fields[0], 16), int(fields[1], 16)))
-    assert len(spans) >= 0.9 * len(listed), f"only {len(spans)} of {len(listed)} listed functions are in the binary"
+            present.add(fields[3])
+    # A list made before the code changed names functions that are gone (a closure's mangled name changes when
+    # another closure is added before it), and the renamed ones, often on the hot path, are laid out with the cold
+    # code: 69 stale names of 4,072 cost 0.65 MB of resident text on 2026-12-05. Run scripts/text-order.sh.
+    missing = len(listed - present)
+    assert missing <= 0.01 * len(listed), (
+        f"{missing} of {len(listed)} functions deploy/text-order.txt lists are not in the binary: the list is out of "
+        "date with the code; run scripts/text-order.sh")
     spans.sort()
     total = sum(size for _, size in spans)
     # The most listed functions in any span of twice their total size (0.93 when laid out, 0.53 when not).
