@@ -127,8 +127,7 @@ public final class BlueZPeripheral: Sendable {
         var sessions: [String: NotifySession] = [:]
         /// The client's value route of each session (`BlueZClient.routeValues`), by characteristic path.
         var valueRoutes: [String: UInt64] = [:]
-        var waiters: [ObjectIdentifier: OneShot<BlueZDisconnectReason>] = [:]
-        /// `onDisconnection` handlers, by id.
+        /// `onDisconnection` handlers (also the tasks waiting for the disconnection), by id.
         var handlers: [UInt64: @Sendable (BlueZDisconnectReason) -> Void] = [:]
         var nextHandler: UInt64 = 0
         var negotiatedMTU: Int?
@@ -195,23 +194,15 @@ public final class BlueZPeripheral: Sendable {
     /// The reason once the connection ends; nil when the waiting task is cancelled (its waiter is dropped).
     func disconnectionUnlessCancelled() async -> BlueZDisconnectReason? {
         let shot = OneShot<BlueZDisconnectReason>()
-        let key = ObjectIdentifier(shot)
-        let already = state.withLock { s -> BlueZDisconnectReason? in
-            if let d = s.disconnection { return d }
-            s.waiters[key] = shot
-            return nil
-        }
-        if let already { return already }
+        let id = onDisconnection { reason in _ = shot.complete(reason) }
         let reason = await shot.value()
-        if reason == nil { _ = state.withLock { $0.waiters.removeValue(forKey: key) } }
+        if reason == nil, let id { removeDisconnectionHandler(id) }
         return reason
     }
 
-    /// The number of tasks waiting for the disconnection (tests check that cancelled waits do not linger).
-    var disconnectionWaiterCount: Int { state.withLock { $0.waiters.count } }
-
-    /// The number of `onDisconnection` handlers not called or removed yet.
-    var disconnectionHandlerCount: Int { state.withLock { $0.handlers.count } }
+    /// The number of `onDisconnection` handlers not called or removed yet, waiting tasks included (tests check
+    /// that cancelled waits do not linger).
+    var disconnectionWaiterCount: Int { state.withLock { $0.handlers.count } }
 
     /// Calls `handler` once when the connection ends, with why, on the thread that saw it end; at once, on this
     /// thread, when it already has (then the result is nil). Unlike `waitForDisconnection()`, no task waits
@@ -315,9 +306,8 @@ public final class BlueZPeripheral: Sendable {
 
     /// Marks the connection ended (once), ends every notification stream and closes our D-Bus connection.
     func finish(_ reason: BlueZDisconnectReason) {
-        let result = state.withLock {
-            s -> (Bool, [NotifySession], [OneShot<BlueZDisconnectReason>], [@Sendable (BlueZDisconnectReason) -> Void], UInt64?) in
-            guard s.disconnection == nil else { return (false, [], [], [], nil) }
+        let result = state.withLock { s -> (Bool, [NotifySession], [@Sendable (BlueZDisconnectReason) -> Void], UInt64?) in
+            guard s.disconnection == nil else { return (false, [], [], nil) }
             var reason = reason
             if s.disconnectRequested { reason.requested = true }
             s.disconnection = reason
@@ -325,18 +315,15 @@ public final class BlueZPeripheral: Sendable {
             s.sessions = [:]
             for (path, id) in s.valueRoutes { client.unrouteValues(of: path, id: id) }
             s.valueRoutes = [:]
-            let waiters = Array(s.waiters.values)
-            s.waiters = [:]
             let handlers = s.handlers.sorted { $0.key < $1.key }.map(\.value)
             s.handlers = [:]
             defer { s.subscription = nil }
-            return (s.connected, sessions, waiters, handlers, s.subscription)
+            return (s.connected, sessions, handlers, s.subscription)
         }
-        let (wasConnected, sessions, waiters, handlers, subscription) = result
+        let (wasConnected, sessions, handlers, subscription) = result
         guard let final = disconnection else { return }
         if let subscription { client.unsubscribe(subscription) }
         for session in sessions { session.end(.disconnected(device: label, reason: final)) }
-        for w in waiters { w.complete(final) }
         for h in handlers { h(final) }
         if wasConnected {
             if final.requested {

@@ -349,47 +349,33 @@ final class BlueZLink: BLELink {
     }
 
     func notifications(_ characteristic: BLECharacteristic) async throws(BLEError) -> BLENotificationStream {
-        try await subscribe(characteristic, consumer: nil)
+        try await session(characteristic, consumer: nil, ended: nil)
     }
 
-    func notifications(_ characteristic: BLECharacteristic, deliver: @escaping @Sendable ([UInt8]) -> Void)
-        async throws(BLEError) -> BLENotificationStream
-    {
-        try await subscribe(characteristic, consumer: deliver)
-    }
-
-    /// The session's own stream, its end error already classified: no relay task per subscription. With a
-    /// consumer, values go straight from the notify reader thread to it and the stream only ends.
-    private func subscribe(_ characteristic: BLECharacteristic, consumer: (@Sendable ([UInt8]) -> Void)?)
-        async throws(BLEError) -> BLENotificationStream
-    {
-        let c = try bluez(characteristic)
-        do {
-            return try await peripheral.notifications(
-                for: c, mapError: { error in BlueZCentral.classify(error) }, consumer: consumer
-            ).stream
-        } catch {
-            throw BlueZCentral.classify(error)
-        }
-    }
-
-    /// Told by the notify session when it ends: no task per subscription waits for it. The watch holds the
-    /// session's stream, which carries no values (they go to `deliver`); dropping it stops the subscription.
+    /// Values go straight from the notify reader thread to `deliver`, and the notify session tells its end: no
+    /// task per subscription. The watch holds the session's stream (it carries no values); dropping the stream,
+    /// when the watch is cancelled or dropped, stops the subscription.
     func subscribe(
         _ characteristic: BLECharacteristic, deliver: @escaping @Sendable ([UInt8]) -> Void,
         ended: @escaping @Sendable ((any Error)?) -> Void
     ) async throws(BLEError) -> BLEWatch {
+        let stream = try await session(characteristic, consumer: deliver, ended: ended)
+        return BLEWatch { withExtendedLifetime(stream) {} }
+    }
+
+    /// The notify session's own stream, its end error already classified (no relay task).
+    private func session(
+        _ characteristic: BLECharacteristic, consumer: (@Sendable ([UInt8]) -> Void)?,
+        ended: (@Sendable ((any Error)?) -> Void)?
+    ) async throws(BLEError) -> BLENotificationStream {
         let c = try bluez(characteristic)
-        let stream: BLENotificationStream
         do {
-            stream = try await peripheral.notifications(
-                for: c, mapError: { error in BlueZCentral.classify(error) }, consumer: deliver, ended: ended
+            return try await peripheral.notifications(
+                for: c, mapError: { error in BlueZCentral.classify(error) }, consumer: consumer, ended: ended
             ).stream
         } catch {
             throw BlueZCentral.classify(error)
         }
-        let held = Mutex<BLENotificationStream?>(stream)
-        return BLEWatch { _ = held.withLock { $0.take() } }
     }
 
     func waitForDisconnection() async -> BLEDisconnection {

@@ -273,15 +273,11 @@ public protocol BLELink: AnyObject, Sendable {
     func write(_ characteristic: BLECharacteristic, _ value: [UInt8], withResponse: Bool) async throws(BLEError)
     /// Subscribes to notifications or indications.
     func notifications(_ characteristic: BLECharacteristic) async throws(BLEError) -> BLENotificationStream
-    /// Subscribes and hands every value to `deliver`, in order, on the thread that received it (no task hop per
-    /// value; `deliver` must not block); the returned stream carries no values and only ends, as above. The
-    /// default relays `notifications(_:)` through a task.
-    func notifications(_ characteristic: BLECharacteristic, deliver: @escaping @Sendable ([UInt8]) -> Void)
-        async throws(BLEError) -> BLENotificationStream
-    /// Subscribes like `notifications(_:deliver:)`, and calls `ended` once when the subscription ends by itself
-    /// (nil: it finished; else its error, a `BLEError` of kind `.disconnected` when the link went). Cancelling or
-    /// dropping the returned watch stops the subscription (`ended` may still be told of it). The default waits on
-    /// the stream in a task; an adapter that can say when a subscription ends needs none.
+    /// Subscribes and hands every value to `deliver`, in order (`deliver` must not block), and calls `ended` once
+    /// when the subscription ends by itself (nil: it finished; else its error, a `BLEError` of kind `.disconnected`
+    /// when the link went). Cancelling or dropping the returned watch stops the subscription (`ended` may still be
+    /// told of it). The default relays `notifications(_:)` through a task; an adapter that can hand values over on
+    /// the thread that received them, and say when a subscription ends, needs none.
     func subscribe(
         _ characteristic: BLECharacteristic, deliver: @escaping @Sendable ([UInt8]) -> Void,
         ended: @escaping @Sendable ((any Error)?) -> Void
@@ -297,21 +293,21 @@ public protocol BLELink: AnyObject, Sendable {
 }
 
 extension BLELink {
-    /// Waits on `notifications(_:deliver:)`'s stream in a task.
+    /// Relays `notifications(_:)` to `deliver` through a task, which reports the end.
     public func subscribe(
         _ characteristic: BLECharacteristic, deliver: @escaping @Sendable ([UInt8]) -> Void,
         ended: @escaping @Sendable ((any Error)?) -> Void
     ) async throws(BLEError) -> BLEWatch {
-        let values = try await notifications(characteristic, deliver: deliver)
-        let watcher = Task {
+        let values = try await notifications(characteristic)
+        let relay = Task {
             do {
-                for try await _ in values {}
+                for try await value in values { deliver(value) }
                 if !Task.isCancelled { ended(nil) }
             } catch {
                 if !Task.isCancelled { ended(error) }
             }
         }
-        return BLEWatch { watcher.cancel() }
+        return BLEWatch { relay.cancel() }
     }
 
     /// Waits for `waitForDisconnection()` in a task.
@@ -321,24 +317,6 @@ extension BLELink {
             if !Task.isCancelled { handler(d) }
         }
         return BLEWatch { watcher.cancel() }
-    }
-
-    /// Relays `notifications(_:)` to `deliver` through a task; the returned stream ends when that one does.
-    public func notifications(_ characteristic: BLECharacteristic, deliver: @escaping @Sendable ([UInt8]) -> Void)
-        async throws(BLEError) -> BLENotificationStream
-    {
-        let values = try await notifications(characteristic)
-        let (ends, continuation) = BLENotificationStream.makeStream()
-        let relay = Task {
-            do {
-                for try await value in values { deliver(value) }
-                continuation.finish()
-            } catch {
-                continuation.finish(throwing: error)
-            }
-        }
-        continuation.onTermination = { _ in relay.cancel() }
-        return ends
     }
 }
 

@@ -289,13 +289,13 @@ func streamEnd(_ iterator: inout BlueZNotifications.AsyncIterator) async -> Blue
         let first = p.onDisconnection { r in told.withLock { $0.append("first \(r.kind)") } }
         let removed = p.onDisconnection { _ in told.withLock { $0.append("removed") } }
         #expect(first != nil && removed != nil)
-        #expect(p.disconnectionHandlerCount == 2)
+        #expect(p.disconnectionWaiterCount == 2)
         p.removeDisconnectionHandler(removed!)
-        #expect(p.disconnectionHandlerCount == 1)
+        #expect(p.disconnectionWaiterCount == 1)
         try await t.simulator("Disconnect", [.string(strap), .string("remote")])
         _ = await p.waitForDisconnection()
         #expect(told.withLock { $0 } == ["first remote"])
-        #expect(p.disconnectionHandlerCount == 0)
+        #expect(p.disconnectionWaiterCount == 0)
         // Registered after the end: called at once, on this thread, with the same reason.
         let late = p.onDisconnection { r in told.withLock { $0.append("late \(r.kind)") } }
         #expect(late == nil)
