@@ -371,7 +371,7 @@ final class NotifySession: Sendable {
         if startNotify, let p = peripheral, p.disconnection == nil {
             _ = try? await p.gattCall(
                 characteristic.path, interface: BlueZName.characteristic, method: "StopNotify", arguments: [],
-                operation: "stop notify \(shortUUID(characteristic.uuid))", timeout: .seconds(5))
+                operation: "stop notify \(shortUUID(characteristic.uuid))", timeout: .seconds(5), session: true)
         }
         end(nil)
     }

@@ -1,5 +1,5 @@
-// A connected peripheral: its own D-Bus connection (so BlueZ's per-sender notify sessions die with it), connect
-// with the retries real BlueZ needs, GATT reads/writes/notifications, and disconnects told apart by cause.
+// A connected peripheral: calls on the client's D-Bus connection, StartNotify sessions on a connection of their own
+// (so BlueZ's per-sender notify sessions die with the peripheral), connect with the retries real BlueZ needs, GATT reads/writes/notifications, and disconnects told apart by cause.
 import DBus
 import Synchronization
 
@@ -103,9 +103,12 @@ func shortUUID(_ uuid: String) -> String {
 
 /// A peripheral connected through BlueZ. Obtain one from `BlueZClient.connect`.
 ///
-/// It owns a D-Bus connection of its own; when the BLE connection ends (for any reason) that connection is
-/// closed, so BlueZ drops this peripheral's `StartNotify` sessions instead of re-registering them on the next
-/// connect. A new `connect` gives a new peripheral.
+/// Its calls (Connect, reads, writes, AcquireNotify) go over the client's D-Bus connection and end when the
+/// peripheral does. `StartNotify` sessions are made on a D-Bus connection of the peripheral's own, opened with the
+/// first of them and closed when the BLE connection ends (for any reason): bluetoothd keeps a StartNotify session
+/// per sender across disconnects and registers it again on the next connect (src/gatt-client.c), unless its
+/// sender leaves the bus. A new `connect` gives a new peripheral. A peripheral that never uses StartNotify costs
+/// the bus no connection (a libdbus connection is about 8 KB of heap, and one more client of dbus-daemon).
 public final class BlueZPeripheral: Sendable {
     /// The client it belongs to.
     public let client: BlueZClient
@@ -115,7 +118,8 @@ public final class BlueZPeripheral: Sendable {
     public let adapterPath: String
     /// Name and address, for messages.
     public let label: BlueZDeviceLabel
-    let connection: DBusConnection
+    /// The client's connection, which carries this peripheral's calls.
+    private var connection: DBusConnection { client.connection }
 
     struct State: Sendable {
         var connected = false
@@ -133,20 +137,21 @@ public final class BlueZPeripheral: Sendable {
         var negotiatedMTU: Int?
         /// This peripheral called Device1.Connect (so a cancelled connect takes the link down again).
         var connectIssued = false
+        /// The connection of this peripheral's StartNotify sessions (`sessionConnection()`), once asked for.
+        var sessionConnection: Task<Result<DBusConnection, BlueZError>, Never>?
     }
     let state = Mutex(State())
 
-    init(client: BlueZClient, device: BlueZDevice, connection: DBusConnection) {
+    init(client: BlueZClient, device: BlueZDevice) {
         self.client = client
         self.devicePath = device.path
         self.adapterPath = device.adapterPath
         self.label = device.label
-        self.connection = connection
     }
 
     deinit {
-        let (subscription, live, routes) = state.withLock {
-            ($0.subscription, $0.connected && $0.disconnection == nil, $0.valueRoutes)
+        let (subscription, live, routes, sessions) = state.withLock {
+            ($0.subscription, $0.connected && $0.disconnection == nil, $0.valueRoutes, $0.sessionConnection)
         }
         if let subscription { client.unsubscribe(subscription) }
         for (path, id) in routes { client.unrouteValues(of: path, id: id) }
@@ -159,7 +164,57 @@ public final class BlueZPeripheral: Sendable {
             message.noReplyExpected = true
             try? connection.send(message)
         }
-        connection.close()
+        Self.close(sessions)
+    }
+
+    /// Closes the StartNotify sessions' connection once it is open (off the calling thread: closing joins).
+    private static func close(_ sessions: Task<Result<DBusConnection, BlueZError>, Never>?) {
+        guard let sessions else { return }
+        Task { if case .success(let connection) = await sessions.value { await connection.closeAndWait() } }
+    }
+
+    /// The connection this peripheral's StartNotify sessions are made on (and stopped on), opened on first use.
+    /// - Throws: `.disconnected` once the peripheral's connection ended; `.busUnavailable` when the bus refuses
+    ///   another connection.
+    func sessionConnection() async throws(BlueZError) -> DBusConnection {
+        let bus = client.bus
+        let pending = state.withLock { s -> Task<Result<DBusConnection, BlueZError>, Never>? in
+            guard s.disconnection == nil else { return nil }
+            if let opening = s.sessionConnection { return opening }
+            let opening = Task { () -> Result<DBusConnection, BlueZError> in
+                do throws(BlueZError) {
+                    return .success(try await BlueZClient.openConnectionOffPool(bus))
+                } catch {
+                    return .failure(error)
+                }
+            }
+            s.sessionConnection = opening
+            return opening
+        }
+        if let pending {
+            let connection = try await pending.value.get()
+            if disconnection == nil { return connection }
+        }
+        throw .disconnected(device: label, reason: disconnection ?? BlueZDisconnectReason(kind: .unknown, message: "ended"))
+    }
+
+    /// Runs a call on the shared connection until this peripheral's connection ends: then (or when the calling task
+    /// is cancelled) the call is abandoned with `DBusError.cancelled`, as a connection of the peripheral's own ended
+    /// its calls by closing.
+    private func untilFinished<T: Sendable>(
+        _ call: @escaping @Sendable () async throws(DBusError) -> T
+    ) async throws(DBusError) -> T {
+        let running = Task { () -> Result<T, DBusError> in
+            do throws(DBusError) {
+                return .success(try await call())
+            } catch {
+                return .failure(error)
+            }
+        }
+        let id = onDisconnection { _ in running.cancel() }
+        let result = await withTaskCancellationHandler { await running.value } onCancel: { running.cancel() }
+        if let id { removeDisconnectionHandler(id) }
+        return try result.get()
     }
 
     private var path: DBusObjectPath { DBusObjectPath(stringLiteral: devicePath) }
@@ -306,8 +361,9 @@ public final class BlueZPeripheral: Sendable {
 
     /// Marks the connection ended (once), ends every notification stream and closes our D-Bus connection.
     func finish(_ reason: BlueZDisconnectReason) {
-        let result = state.withLock { s -> (Bool, [NotifySession], [@Sendable (BlueZDisconnectReason) -> Void], UInt64?) in
-            guard s.disconnection == nil else { return (false, [], [], nil) }
+        let result = state.withLock {
+            s -> (Bool, [NotifySession], [@Sendable (BlueZDisconnectReason) -> Void], UInt64?, Task<Result<DBusConnection, BlueZError>, Never>?) in
+            guard s.disconnection == nil else { return (false, [], [], nil, nil) }
             var reason = reason
             if s.disconnectRequested { reason.requested = true }
             s.disconnection = reason
@@ -317,10 +373,13 @@ public final class BlueZPeripheral: Sendable {
             s.valueRoutes = [:]
             let handlers = s.handlers.sorted { $0.key < $1.key }.map(\.value)
             s.handlers = [:]
-            defer { s.subscription = nil }
-            return (s.connected, sessions, handlers, s.subscription)
+            defer {
+                s.subscription = nil
+                s.sessionConnection = nil
+            }
+            return (s.connected, sessions, handlers, s.subscription, s.sessionConnection)
         }
-        let (wasConnected, sessions, handlers, subscription) = result
+        let (wasConnected, sessions, handlers, subscription, sessionConnection) = result
         guard let final = disconnection else { return }
         if let subscription { client.unsubscribe(subscription) }
         for session in sessions { session.end(.disconnected(device: label, reason: final)) }
@@ -332,9 +391,8 @@ public final class BlueZPeripheral: Sendable {
                 client.logger.warning("device \(label): connection lost (\(final))", ["ble.address": label.address])
             }
         }
-        // Joining the connection's thread blocks: do it off this (often cooperative) thread.
-        let connection = self.connection
-        Task { await connection.closeAndWait() }
+        // BlueZ drops the StartNotify sessions of a sender that leaves the bus.
+        Self.close(sessionConnection)
     }
 
     /// Connects, retrying and waiting as BLUEZ.md describes, until services are resolved.
@@ -356,16 +414,25 @@ public final class BlueZPeripheral: Sendable {
                 }
                 log.debug("device \(label): Connect()")
                 do {
-                    _ = try await connection.call(
-                        destination: BlueZName.service, path: path, interface: BlueZName.device, method: "Connect",
-                        timeout: max(deadline.remaining, .milliseconds(1)))
+                    let (connection, path, timeout) = (self.connection, path, max(deadline.remaining, .milliseconds(1)))
+                    _ = try await untilFinished { () throws(DBusError) in
+                        try await connection.call(
+                            destination: BlueZName.service, path: path, interface: BlueZName.device,
+                            method: "Connect", timeout: timeout)
+                    }
                 } catch {
-                    if error.name == DBusError.cancelled || Task.isCancelled { throw await cancelled(log) }
+                    if Task.isCancelled { throw await cancelled(log) }
                     // The device left BlueZ's tree while Connect() was pending (a broadcaster dropped when scanning
-                    // stopped, an expired device): `finish` closed our connection, so the call failed with
-                    // Disconnected. Whatever the failure, a device that is gone is "not found".
+                    // stopped, an expired device): `finish` ended the call. Whatever the failure, a device that is
+                    // gone is "not found".
                     if client.tree.device(at: devicePath) == nil {
                         throw .deviceNotFound(device: label, failure: .init(error))
+                    }
+                    if error.name == DBusError.cancelled {
+                        if let ended = disconnection {
+                            throw .connectionFailed(device: label, reason: ended.message, failure: nil)
+                        }
+                        throw await cancelled(log)
                     }
                     switch error.name {
                     case DBusError.unknownObject, DBusError.unknownMethod, "org.bluez.Error.DoesNotExist":
@@ -429,8 +496,7 @@ public final class BlueZPeripheral: Sendable {
                 return nil
             }
             if outcome == .dropped {
-                // The Connect() reply and the Connected signals travel on different D-Bus connections, so this
-                // Connected=false may be a late one from an earlier aborted attempt: then this attempt's
+                // This Connected=false may be a late one from an earlier aborted attempt: then this attempt's
                 // Connected=true and ServicesResolved follow at once.
                 let cameBack = await client.wait(timeout: min(deadline.remaining, .milliseconds(500))) {
                     _, tree -> Bool? in
@@ -476,9 +542,10 @@ public final class BlueZPeripheral: Sendable {
 
     private func waitForConnectedFalse(_ deadline: Deadline) async {
         let path = devicePath
-        // The Connect() reply comes on this peripheral's own D-Bus connection, the Connected signals through the
-        // client's: they are not ordered. So first learn whether the link came up at all (a short wait), and only
-        // then wait, longer, for it to go down; otherwise a late Connected=false would end the next attempt.
+        // bluetoothd may answer Connect() before or after it signals the link's Connected changes (and a peer
+        // that held the connection elsewhere may differ): they are not ordered. So first learn whether the link came
+        // up at all (a short wait), and only then wait, longer, for it to go down; otherwise a late Connected=false
+        // would end the next attempt.
         let cameUp = await client.wait(timeout: min(deadline.remaining, .milliseconds(300))) {
             [weak self] event, _ -> Bool? in
             if case .propertiesChanged(let p, BlueZName.device, let changed, _) = event, p == path,
@@ -614,19 +681,24 @@ public final class BlueZPeripheral: Sendable {
 
     // MARK: GATT I/O
 
-    /// Runs a GATT call, poll-retrying `InProgress` every 10 ms until `timeout`, and maps errors.
+    /// Runs a GATT call, poll-retrying `InProgress` every 10 ms until `timeout`, and maps errors. `session`: on the
+    /// StartNotify sessions' connection (`sessionConnection()`) instead of the client's.
     func gattCall(
         _ objectPath: String, interface: String, method: String, arguments: [DBusValue], operation: String,
-        timeout: Duration
+        timeout: Duration, session: Bool = false
     ) async throws(BlueZError) -> [DBusValue] {
         if let d = disconnection { throw .disconnected(device: label, reason: d) }
         let deadline = Deadline(timeout)
+        let connection = session ? try await sessionConnection() : self.connection
+        let path = DBusObjectPath(stringLiteral: objectPath)
         while true {
             do {
-                return try await connection.call(
-                    destination: BlueZName.service, path: DBusObjectPath(stringLiteral: objectPath),
-                    interface: interface, method: method, arguments: arguments,
-                    timeout: max(deadline.remaining, .milliseconds(1)))
+                let timeout = max(deadline.remaining, .milliseconds(1))
+                return try await untilFinished { () throws(DBusError) in
+                    try await connection.call(
+                        destination: BlueZName.service, path: path, interface: interface, method: method,
+                        arguments: arguments, timeout: timeout)
+                }
             } catch {
                 if error.name == "org.bluez.Error.InProgress", !deadline.expired {
                     await nap(.milliseconds(10))
@@ -635,7 +707,9 @@ public final class BlueZPeripheral: Sendable {
                 if error.name == DBusError.noReply || error.name == DBusError.timedOut {
                     throw .timeout(device: label, operation: operation, seconds: timeout.seconds)
                 }
-                if error.name == DBusError.disconnected, let d = disconnection {
+                if error.name == DBusError.disconnected || error.name == DBusError.cancelled, !Task.isCancelled,
+                    let d = disconnection
+                {
                     throw .disconnected(device: label, reason: d)
                 }
                 throw mapDBusError(error, device: label, operation: operation)
@@ -735,10 +809,12 @@ public final class BlueZPeripheral: Sendable {
             peripheral: self, characteristic: current, mapError: mapError, consumer: consumer, ended: ended)
         if preferAcquire, current.notifyAcquireAvailable {
             do {
-                let reply = try await connection.call(
-                    destination: BlueZName.service, path: DBusObjectPath(stringLiteral: current.path),
-                    interface: BlueZName.characteristic, method: "AcquireNotify",
-                    arguments: [.stringVariantDictionary([])], timeout: .seconds(10))
+                let (connection, path) = (self.connection, DBusObjectPath(stringLiteral: current.path))
+                let reply = try await untilFinished { () throws(DBusError) in
+                    try await connection.call(
+                        destination: BlueZName.service, path: path, interface: BlueZName.characteristic,
+                        method: "AcquireNotify", arguments: [.stringVariantDictionary([])], timeout: .seconds(10))
+                }
                 if case .unixFD(let descriptor)? = reply.first {
                     let fd = descriptor.take()
                     if let mtu = reply.dropFirst().first?.uint16 {
@@ -763,7 +839,7 @@ public final class BlueZPeripheral: Sendable {
         do {
             _ = try await gattCall(
                 current.path, interface: BlueZName.characteristic, method: "StartNotify", arguments: [],
-                operation: op, timeout: .seconds(10))
+                operation: op, timeout: .seconds(10), session: true)
         } catch {
             unregister(session)
             session.end(nil, tell: false)
@@ -809,14 +885,14 @@ extension BlueZClient {
     ///
     /// Retries `le-connection-abort-by-local` after `Connected=false`, poll-retries `InProgress`, cancels the
     /// pending connect (`Disconnect`) on timeout, and re-reads the tree when `ServicesResolved` came before the
-    /// service objects (bluez#1489). Every peripheral has its own D-Bus connection.
+    /// service objects (bluez#1489). The peripheral's calls use this client's D-Bus connection (StartNotify
+    /// sessions one of their own).
     /// - Throws: `.deviceNotFound` (not in BlueZ's tree: expired from its cache), `.connectionFailed(reason:)`,
     ///   `.timeout`, `.adapterUnavailable`.
     public func connect(_ device: BlueZDevice, options: BlueZConnectOptions = BlueZConnectOptions())
         async throws(BlueZError) -> BlueZPeripheral
     {
-        let connection = try await Self.openConnectionOffPool(bus)
-        let peripheral = BlueZPeripheral(client: self, device: device, connection: connection)
+        let peripheral = BlueZPeripheral(client: self, device: device)
         peripheral.startTracking()
         do {
             try await peripheral.establish(options)

@@ -57,6 +57,11 @@ extension BlueZSimulator {
             count("faults_fired")
             return call.reply.fail(attFailure(fault))
         }
+        if takeFault(d, [.readNoReply], uuid: c.uuid) != nil {
+            count("faults_fired")
+            d.unanswered.append(call.reply)
+            return
+        }
         guard c.layout.spec.flags.contains("read") else {
             let e = simATTError(0x02, write: false)
             return call.reply.fail(DBusError(name: e.name, message: e.message))

@@ -16,6 +16,9 @@ struct SimFault: Sendable {
         case connectFailed = "connect-failed"
         /// The next ReadValue fails with an ATT error (`att`) or a named error (`error` + `message`).
         case readError = "read-error"
+        /// The next ReadValue is never answered: the caller times out, or gives up when the link drops (a peer
+        /// that stopped answering mid-request).
+        case readNoReply = "read-no-reply"
         /// The next WriteValue fails the same way.
         case writeError = "write-error"
         /// The next StartNotify or AcquireNotify fails the same way (the CCC write was refused or failed).
@@ -112,6 +115,8 @@ final class SimDevice: @unchecked Sendable {
     var gattExported = false
     var paired = false
     var faults: [SimFault] = []
+    /// Calls a `read-no-reply` fault keeps unanswered (held, so that nothing answers them for us).
+    var unanswered: [DBusPendingReply] = []
     var writes: [(uuid: String, value: [UInt8], type: String)] = []
     /// Monitor keys that have been told DeviceFound.
     var foundBy: Set<String> = []
