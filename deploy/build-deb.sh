@@ -53,7 +53,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-for tool in dpkg-deb dpkg-shlibdeps "${STRIP:-strip}" gzip; do
+for tool in dpkg-deb dpkg-shlibdeps "${STRIP:-strip}" readelf gzip; do
     command -v "$tool" >/dev/null 2>&1 || die "$tool not found (apt-get install dpkg-dev binutils)"
 done
 
@@ -164,6 +164,19 @@ for needed in libdbus-1-3 libmosquitto1 libyaml-0-2 libssl3; do
     printf '%s\n' "${deps[@]}" | grep -q "^$needed " ||
         die "dpkg-shlibdeps did not report $needed with a version (got: $shlibs)"
 done
+# The binary's relocations are packed (DT_RELR, deploy/build-release.sh), which glibc reads since 2.36. The binary
+# asks for that through a version of its own (GLIBC_ABI_DT_RELR) that no symbol carries, and dpkg-shlibdeps weighs
+# only the symbols a binary uses: it says 2.35.
+if readelf -V "$pkg/usr/bin/blebridge" | grep -q GLIBC_ABI_DT_RELR; then
+    for i in "${!deps[@]}"; do
+        case "${deps[$i]}" in
+        "libc6 (>= "*)
+            libc_version="${deps[$i]#libc6 (>= }"
+            dpkg --compare-versions "${libc_version%)}" ge 2.36 || deps[i]="libc6 (>= 2.36)"
+            ;;
+        esac
+    done
+fi
 # libmicrohttpd (the metrics endpoint) is loaded with dlopen(3) when a server starts (Sources/CMicroHTTPD/shim.h),
 # so the binary does not list it and dpkg-shlibdeps cannot see it. 0.9.50 is what dpkg-shlibdeps gave for the same
 # seven functions when the binary was linked against it.
