@@ -277,6 +277,8 @@ func streamEnd(_ iterator: inout BlueZNotifications.AsyncIterator) async -> Blue
         try await eventually(5, "the dropped stream's subscription stopped") {
             p.refreshed(battery)?.notifying == false
         }
+        // Told when StopNotify has answered, which may come after the mirror saw Notifying false.
+        try await eventually(5, "the dropped stream's end told") { !batteryEnds.withLock { $0 }.isEmpty }
         #expect(batteryEnds.withLock { $0 } == ["finished"])
         await p.disconnect()
     }
