@@ -559,9 +559,11 @@ final class ClientCore: Sendable {
 
     /// How long the plain-TCP loop waits in poll (ms): what nothing else wakes it for (a stop, a write from
     /// another thread that found the connection broken) waits at most this long. It has no wake-up descriptor (the
-    /// process may hold more than select's 1,024, and libmosquitto's TLS loop uses select); twenty wake-ups a
-    /// second cost nothing measurable.
-    static let ownLoopPoll: Int32 = 50
+    /// process may hold more than select's 1,024, and libmosquitto's TLS loop uses select). 250 ms: at 50 ms its
+    /// twenty wake-ups a second were a third of the thread's CPU with 500 advertisers (3.7-4.0 against 2.4 µs per
+    /// advertisement, bench/bridge.sh passive, 2026-12-05) and a fifth of the bridge's idle CPU (0.25 against 0.20 %
+    /// of a core); keepalive pings (`mosquitto_loop_misc`) need a call only every few seconds.
+    static let ownLoopPoll: Int32 = 250
 
     /// How long the plain-TCP loop gathers what the broker sends before reading it, under load (see
     /// `serviceConnection`). 4 ms: at 5,000 QoS 1 publishes a second, 250 wake-ups instead of 1,000 (measured with
