@@ -33,7 +33,8 @@ mkdir -p "$layout"
 # The standard library's prebuilt Swift.o has its code in one 1.6 MB section: lld places a section where the first
 # symbol in it is listed, which would put all of that section between the listed functions. Its symbols go last.
 stdlib="$(dirname "$(dirname "$(command -v swift)")")/lib/swift_static/linux/libswiftCore.a"
-{ nm -A --defined-only "$stdlib" 2>/dev/null || true; } | sed -n 's/^[^:]*:Swift\.o:[0-9a-f]* [tTwW] //p' | sort -u >"$layout/stdlib"
+{ nm -A --defined-only "$stdlib" 2>/dev/null || true; } |
+    sed -n 's/^[^:]*:Swift\.o:[0-9a-f]* [tTwW] //p' | sort -u >"$layout/stdlib"
 sed -n 's/^\.text\.//p' "$order" | grep -v '[*]' | awk -v lib="$layout/stdlib" '
     BEGIN { while ((getline s < lib) > 0) in_lib[s] = 1 }
     { if ($0 in in_lib) late[++n] = $0; else print }
@@ -46,7 +47,9 @@ sed -n 's/^\.text\.//p' "$order" | grep -v '[*]' | awk -v lib="$layout/stdlib" '
     echo "} INSERT BEFORE .text;"
 } >"$layout/helpers.ld.new"
 # Rewritten only when they change, so that an unchanged list does not relink (see below).
-for f in symbols helpers.ld; do cmp -s "$layout/$f.new" "$layout/$f" && rm "$layout/$f.new" || mv "$layout/$f.new" "$layout/$f"; done
+for f in symbols helpers.ld; do
+    cmp -s "$layout/$f.new" "$layout/$f" && rm "$layout/$f.new" || mv "$layout/$f.new" "$layout/$f"
+done
 flags=(-c release --static-swift-stdlib --disable-local-rpath -Xlinker -z -Xlinker now
     -Xswiftc -use-ld=lld -Xlinker -z -Xlinker pack-relative-relocs
     -Xswiftc -Xfrontend -Xswiftc -function-sections -Xcc -ffunction-sections

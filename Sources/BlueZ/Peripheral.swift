@@ -1,5 +1,6 @@
 // A connected peripheral: calls on the client's D-Bus connection, StartNotify sessions on a connection of their own
-// (so BlueZ's per-sender notify sessions die with the peripheral), connect with the retries real BlueZ needs, GATT reads/writes/notifications, and disconnects told apart by cause.
+// (so BlueZ's per-sender notify sessions die with the peripheral), connect with the retries real BlueZ needs, GATT
+// reads/writes/notifications, and disconnects told apart by cause.
 import DBus
 import Synchronization
 
@@ -138,8 +139,10 @@ public final class BlueZPeripheral: Sendable {
         /// This peripheral called Device1.Connect (so a cancelled connect takes the link down again).
         var connectIssued = false
         /// The connection of this peripheral's StartNotify sessions (`sessionConnection()`), once asked for.
-        var sessionConnection: Task<Result<DBusConnection, BlueZError>, Never>?
+        var sessionConnection: OpeningConnection?
     }
+    /// A connection being opened (or open, or refused).
+    typealias OpeningConnection = Task<Result<DBusConnection, BlueZError>, Never>
     let state = Mutex(State())
 
     init(client: BlueZClient, device: BlueZDevice) {
@@ -168,7 +171,7 @@ public final class BlueZPeripheral: Sendable {
     }
 
     /// Closes the StartNotify sessions' connection once it is open (off the calling thread: closing joins).
-    private static func close(_ sessions: Task<Result<DBusConnection, BlueZError>, Never>?) {
+    private static func close(_ sessions: OpeningConnection?) {
         guard let sessions else { return }
         Task { if case .success(let connection) = await sessions.value { await connection.closeAndWait() } }
     }
@@ -178,10 +181,10 @@ public final class BlueZPeripheral: Sendable {
     ///   another connection.
     func sessionConnection() async throws(BlueZError) -> DBusConnection {
         let bus = client.bus
-        let pending = state.withLock { s -> Task<Result<DBusConnection, BlueZError>, Never>? in
+        let pending = state.withLock { s -> OpeningConnection? in
             guard s.disconnection == nil else { return nil }
             if let opening = s.sessionConnection { return opening }
-            let opening = Task { () -> Result<DBusConnection, BlueZError> in
+            let opening = OpeningConnection { () -> Result<DBusConnection, BlueZError> in
                 do throws(BlueZError) {
                     return .success(try await BlueZClient.openConnectionOffPool(bus))
                 } catch {
@@ -191,22 +194,27 @@ public final class BlueZPeripheral: Sendable {
             s.sessionConnection = opening
             return opening
         }
-        if let pending {
-            let connection = try await pending.value.get()
-            if disconnection == nil { return connection }
-        }
-        throw .disconnected(device: label, reason: disconnection ?? BlueZDisconnectReason(kind: .unknown, message: "ended"))
+        let connection = try await pending?.value.get()
+        // Nil or not, the peripheral's connection may have ended meanwhile (then `finish` closes this one).
+        if let connection, disconnection == nil { return connection }
+        let ended = disconnection ?? BlueZDisconnectReason(kind: .unknown, message: "ended")
+        throw .disconnected(device: label, reason: ended)
     }
 
-    /// Runs a call on the shared connection until this peripheral's connection ends: then (or when the calling task
-    /// is cancelled) the call is abandoned with `DBusError.cancelled`, as a connection of the peripheral's own ended
-    /// its calls by closing.
-    private func untilFinished<T: Sendable>(
-        _ call: @escaping @Sendable () async throws(DBusError) -> T
-    ) async throws(DBusError) -> T {
-        let running = Task { () -> Result<T, DBusError> in
+    /// Calls `method` of BlueZ's object at `objectPath` on `connection` (the client's when nil) until this
+    /// peripheral's connection ends: then, or when the calling task is cancelled, the call is abandoned with
+    /// `DBusError.cancelled`, as a connection of the peripheral's own ended its calls by closing.
+    private func call(
+        _ objectPath: String, _ interface: String, _ method: String, arguments: [DBusValue] = [],
+        timeout: Duration, on connection: DBusConnection? = nil
+    ) async throws(DBusError) -> [DBusValue] {
+        let (connection, path) = (connection ?? self.connection, DBusObjectPath(stringLiteral: objectPath))
+        let running = Task { () -> Result<[DBusValue], DBusError> in
             do throws(DBusError) {
-                return .success(try await call())
+                return .success(
+                    try await connection.call(
+                        destination: BlueZName.service, path: path, interface: interface, method: method,
+                        arguments: arguments, timeout: timeout))
             } catch {
                 return .failure(error)
             }
@@ -362,7 +370,7 @@ public final class BlueZPeripheral: Sendable {
     /// Marks the connection ended (once), ends every notification stream and closes our D-Bus connection.
     func finish(_ reason: BlueZDisconnectReason) {
         let result = state.withLock {
-            s -> (Bool, [NotifySession], [@Sendable (BlueZDisconnectReason) -> Void], UInt64?, Task<Result<DBusConnection, BlueZError>, Never>?) in
+            s -> (Bool, [NotifySession], [@Sendable (BlueZDisconnectReason) -> Void], UInt64?, OpeningConnection?) in
             guard s.disconnection == nil else { return (false, [], [], nil, nil) }
             var reason = reason
             if s.disconnectRequested { reason.requested = true }
@@ -414,12 +422,8 @@ public final class BlueZPeripheral: Sendable {
                 }
                 log.debug("device \(label): Connect()")
                 do {
-                    let (connection, path, timeout) = (self.connection, path, max(deadline.remaining, .milliseconds(1)))
-                    _ = try await untilFinished { () throws(DBusError) in
-                        try await connection.call(
-                            destination: BlueZName.service, path: path, interface: BlueZName.device,
-                            method: "Connect", timeout: timeout)
-                    }
+                    _ = try await call(
+                        devicePath, BlueZName.device, "Connect", timeout: max(deadline.remaining, .milliseconds(1)))
                 } catch {
                     if Task.isCancelled { throw await cancelled(log) }
                     // The device left BlueZ's tree while Connect() was pending (a broadcaster dropped when scanning
@@ -689,16 +693,12 @@ public final class BlueZPeripheral: Sendable {
     ) async throws(BlueZError) -> [DBusValue] {
         if let d = disconnection { throw .disconnected(device: label, reason: d) }
         let deadline = Deadline(timeout)
-        let connection = session ? try await sessionConnection() : self.connection
-        let path = DBusObjectPath(stringLiteral: objectPath)
+        let connection = session ? try await sessionConnection() : nil
         while true {
             do {
-                let timeout = max(deadline.remaining, .milliseconds(1))
-                return try await untilFinished { () throws(DBusError) in
-                    try await connection.call(
-                        destination: BlueZName.service, path: path, interface: interface, method: method,
-                        arguments: arguments, timeout: timeout)
-                }
+                return try await call(
+                    objectPath, interface, method, arguments: arguments,
+                    timeout: max(deadline.remaining, .milliseconds(1)), on: connection)
             } catch {
                 if error.name == "org.bluez.Error.InProgress", !deadline.expired {
                     await nap(.milliseconds(10))
@@ -809,12 +809,9 @@ public final class BlueZPeripheral: Sendable {
             peripheral: self, characteristic: current, mapError: mapError, consumer: consumer, ended: ended)
         if preferAcquire, current.notifyAcquireAvailable {
             do {
-                let (connection, path) = (self.connection, DBusObjectPath(stringLiteral: current.path))
-                let reply = try await untilFinished { () throws(DBusError) in
-                    try await connection.call(
-                        destination: BlueZName.service, path: path, interface: BlueZName.characteristic,
-                        method: "AcquireNotify", arguments: [.stringVariantDictionary([])], timeout: .seconds(10))
-                }
+                let reply = try await call(
+                    current.path, BlueZName.characteristic, "AcquireNotify",
+                    arguments: [.stringVariantDictionary([])], timeout: .seconds(10))
                 if case .unixFD(let descriptor)? = reply.first {
                     let fd = descriptor.take()
                     if let mtu = reply.dropFirst().first?.uint16 {
