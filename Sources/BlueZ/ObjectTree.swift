@@ -275,68 +275,189 @@ struct BlueZObjectTree: Sendable {
         var arguments = signal.arguments()
         guard arguments.string(equals: BlueZName.device), var changed = arguments.enter(),
             let invalidated = arguments.enter(), invalidated.isAtEnd, arguments.isAtEnd,
+            // An empty change is no advertisement (apply(_:) reports it as a property change that touched nothing).
+            !changed.isAtEnd,
             // Looked up over the message's own bytes: no String is made for the path of every signal.
-            let found = signal.withPathBytes({ bytes in
-                ObjectPathKey.borrowing(bytes) { deviceValues.index(forKey: $0) }
-            }),
-            let device = found
+            let path = signal.unsafePathBytes,
+            let device = deviceValues.index(forKey: ObjectPathKey(unsafeBorrowing: path))
         else { return nil }
+        // One pass over the signal into entries that point into the message (alive until this returns), then the
+        // changes: the whole signal is checked before anything is changed.
+        return withUnsafeTemporaryAllocation(of: AdvertisedEntry.self, capacity: Self.advertisedEntries) { entries in
+            guard let read = Self.readAdvertisement(&changed, into: entries) else { return nil }
+            var fields: AdvertisementFields = []
+            if let rssi = read.rssi {
+                deviceValues.values[device].device.rssi = rssi
+                fields.insert(.rssi)
+            }
+            if let txPower = read.txPower {
+                deviceValues.values[device].device.txPower = txPower
+                fields.insert(.txPower)
+            }
+            if let range = read.manufacturer {
+                Self.storeManufacturerData(
+                    UnsafeBufferPointer(rebasing: entries[range]),
+                    into: &deviceValues.values[device].device.manufacturerData)
+                fields.insert(.manufacturerData)
+            }
+            if let range = read.service {
+                Self.storeServiceData(
+                    UnsafeBufferPointer(rebasing: entries[range]), into: &deviceValues.values[device].device.serviceData)
+                fields.insert(.serviceData)
+            }
+            // The device value now; the object's Device1 properties when something else touches it (settle).
+            if Self.mark(&deviceValues.values[device].ahead, fields) { slotsAhead += 1 }
+            return deviceValues.values[device].device
+        }
+    }
+
+    /// One entry of an advertisement's ManufacturerData (`company`) or ServiceData (`uuid`), pointing into the
+    /// message.
+    private struct AdvertisedEntry {
+        var company: UInt16
+        var uuid: UnsafePointer<CChar>?
+        var bytes: UnsafeBufferPointer<UInt8>
+    }
+
+    /// The most ManufacturerData and ServiceData entries one advertisement signal is applied in place with; one with
+    /// more (no advertiser sends that many) goes the general way, `apply(_:)`.
+    private static let advertisedEntries = 16
+
+    /// What `readAdvertisement` found: the fields sent, the dictionaries as ranges of the entries.
+    private struct AdvertisedFields {
         var rssi: Int16?
         var txPower: Int16?
-        var manufacturer: (reader: DBusArgumentReader, sameKeys: Bool)?
-        var service: (reader: DBusArgumentReader, sameKeys: Bool)?
-        // An empty change is no advertisement (apply(_:) reports it as a property change that touched nothing).
-        guard !changed.isAtEnd else { return nil }
+        var manufacturer: Range<Int>?
+        var service: Range<Int>?
+    }
+
+    /// Reads the changed properties of an advertisement (`a{sv}` of RSSI and TxPower `n`, ManufacturerData `a{qv}`
+    /// and ServiceData `a{sv}` of `ay`) into `entries`; nil for any other property or shape, a dictionary sent twice,
+    /// or more entries than `entries` holds.
+    private static func readAdvertisement(
+        _ changed: inout DBusArgumentReader, into entries: UnsafeMutableBufferPointer<AdvertisedEntry>
+    ) -> AdvertisedFields? {
+        var read = AdvertisedFields()
+        var count = 0
         while !changed.isAtEnd {
-            guard var entry = changed.enter() else { return nil }
-            if entry.string(equals: "RSSI") {
-                guard var v = entry.enter(), let value = v.int16() else { return nil }
-                rssi = value
-            } else if entry.string(equals: "ManufacturerData") {
-                guard
-                    let checked = Self.byteDictionary(
-                        &entry, keys: &deviceValues.values[device].device.manufacturerData,
-                        isKey: { $0.uint16() != nil }, matches: Self.sameCompany)
-                else { return nil }
-                manufacturer = checked
-            } else if entry.string(equals: "ServiceData") {
-                guard
-                    let checked = Self.byteDictionary(
-                        &entry, keys: &deviceValues.values[device].device.serviceData, isKey: Self.isUUIDKey,
-                        matches: Self.sameUUID)
-                else { return nil }
-                service = checked
-            } else if entry.string(equals: "TxPower") {
-                guard var v = entry.enter(), let value = v.int16() else { return nil }
-                txPower = value
-            } else {
+            guard var entry = changed.enter(), let name = entry.unsafeString(), var variant = entry.enter() else {
+                return nil
+            }
+            switch AdvertisedProperty(name) {
+            case .rssi?:
+                guard let value = variant.int16() else { return nil }
+                read.rssi = value
+            case .txPower?:
+                guard let value = variant.int16() else { return nil }
+                read.txPower = value
+            case .manufacturerData?:
+                guard read.manufacturer == nil, var dictionary = variant.enter() else { return nil }
+                let first = count
+                while !dictionary.isAtEnd {
+                    guard count < entries.count, var e = dictionary.enter(), let company = e.uint16(),
+                        var value = e.enter(), let bytes = value.unsafeBytes()
+                    else { return nil }
+                    entries.initializeElement(at: count, to: AdvertisedEntry(company: company, uuid: nil, bytes: bytes))
+                    count += 1
+                }
+                read.manufacturer = first..<count
+            case .serviceData?:
+                guard read.service == nil, var dictionary = variant.enter() else { return nil }
+                let first = count
+                while !dictionary.isAtEnd {
+                    guard count < entries.count, var e = dictionary.enter(), let uuid = e.unsafeString(),
+                        var value = e.enter(), let bytes = value.unsafeBytes()
+                    else { return nil }
+                    entries.initializeElement(at: count, to: AdvertisedEntry(company: 0, uuid: uuid, bytes: bytes))
+                    count += 1
+                }
+                read.service = first..<count
+            case nil:
                 return nil
             }
         }
-        // The device value now; the object's Device1 properties when something else touches it (settle).
-        var fields: AdvertisementFields = []
-        if let rssi {
-            deviceValues.values[device].device.rssi = rssi
-            fields.insert(.rssi)
+        return read
+    }
+
+    /// The properties an advertisement changes, told apart by their names in place.
+    private enum AdvertisedProperty {
+        case rssi, txPower, manufacturerData, serviceData
+
+        init?(_ name: UnsafePointer<CChar>) {
+            func equal(_ expected: StaticString) -> Bool {
+                strncmp(name, UnsafeRawPointer(expected.utf8Start).assumingMemoryBound(to: CChar.self),
+                    expected.utf8CodeUnitCount + 1) == 0
+            }
+            switch UInt8(bitPattern: name[0]) {
+            case UInt8(ascii: "R") where equal("RSSI"): self = .rssi
+            case UInt8(ascii: "T") where equal("TxPower"): self = .txPower
+            case UInt8(ascii: "M") where equal("ManufacturerData"): self = .manufacturerData
+            case UInt8(ascii: "S") where equal("ServiceData"): self = .serviceData
+            default: return nil
+            }
         }
-        if let txPower {
-            deviceValues.values[device].device.txPower = txPower
-            fields.insert(.txPower)
+    }
+
+    /// Stores an advertisement's ManufacturerData: with the keys `data` has, each once (the advertiser sent the keys
+    /// it sent last time, as it nearly always does), each value is overwritten in place, so no storage is allocated
+    /// while nothing else holds `data`; otherwise `data` becomes a new dictionary of the entries (the last of a key
+    /// sent twice).
+    private static func storeManufacturerData(
+        _ entries: UnsafeBufferPointer<AdvertisedEntry>, into data: inout [UInt16: [UInt8]]
+    ) {
+        var sameKeys = entries.count == data.count
+        if sameKeys {
+            for i in entries.indices where data.index(forKey: entries[i].company) == nil
+                || entries[..<i].contains(where: { $0.company == entries[i].company })
+            {
+                sameKeys = false
+                break
+            }
         }
-        if let manufacturer {
-            Self.store(
-                manufacturer, into: &deviceValues.values[device].device.manufacturerData, readKey: { $0.uint16() },
-                matches: Self.sameCompany)
-            fields.insert(.manufacturerData)
+        if sameKeys {
+            for entry in entries {
+                if let at = data.index(forKey: entry.company) { overwrite(&data.values[at], with: entry.bytes) }
+            }
+            return
         }
-        if let service {
-            Self.store(
-                service, into: &deviceValues.values[device].device.serviceData,
-                readKey: { $0.string().map(BlueZDevice.lowercasedUUID) }, matches: Self.sameUUID)
-            fields.insert(.serviceData)
+        var fresh = [UInt16: [UInt8]](minimumCapacity: entries.count)
+        for entry in entries { fresh[entry.company] = Array(entry.bytes) }
+        data = fresh
+    }
+
+    /// `storeManufacturerData` for ServiceData, whose keys are UUIDs kept in lower case (`lowercasedUUID`): a key
+    /// sent is found among them by an ASCII case-blind scan (there are one or two).
+    private static func storeServiceData(_ entries: UnsafeBufferPointer<AdvertisedEntry>, into data: inout [String: [UInt8]]) {
+        func stored(_ uuid: UnsafePointer<CChar>?) -> Dictionary<String, [UInt8]>.Index? {
+            guard let uuid else { return nil }
+            var i = data.startIndex
+            while i != data.endIndex {
+                if data.keys[i].withCString({ strcasecmp(uuid, $0) == 0 }) { return i }
+                data.formIndex(after: &i)
+            }
+            return nil
         }
-        if Self.mark(&deviceValues.values[device].ahead, fields) { slotsAhead += 1 }
-        return deviceValues.values[device].device
+        var sameKeys = entries.count == data.count
+        if sameKeys {
+            for i in entries.indices where stored(entries[i].uuid) == nil
+                || entries[..<i].contains(where: { $0.uuid.map { u in strcasecmp(u, entries[i].uuid!) == 0 } ?? false })
+            {
+                sameKeys = false
+                break
+            }
+        }
+        if sameKeys {
+            for entry in entries {
+                if let at = stored(entry.uuid) { overwrite(&data.values[at], with: entry.bytes) }
+            }
+            return
+        }
+        var fresh = [String: [UInt8]](minimumCapacity: entries.count)
+        for entry in entries {
+            guard let uuid = entry.uuid else { continue }
+            fresh[BlueZDevice.lowercasedUUID(String(cString: uuid))] = Array(entry.bytes)
+        }
+        data = fresh
     }
 
     /// A notification under StartNotify, read in place: `PropertiesChanged` of `GattCharacteristic1` that changed
@@ -369,94 +490,6 @@ struct BlueZObjectTree: Sendable {
         let wasSettled = ahead.isEmpty
         ahead.formUnion(fields)
         return wasSettled
-    }
-
-    /// A ServiceData key: a UUID string (`s`, not `o`).
-    private static func isUUIDKey(_ reader: inout DBusArgumentReader) -> Bool {
-        reader.currentType == "s" && reader.withString { _ in true } != nil
-    }
-
-    /// A ManufacturerData key read in place matches a stored company id.
-    private static func sameCompany(_ reader: inout DBusArgumentReader, _ key: UInt16) -> Bool {
-        reader.uint16() == key
-    }
-
-    /// A ServiceData key read in place matches a stored UUID (kept in lower case by `lowercasedUUID`, so an ASCII
-    /// case-blind match is the same key).
-    private static func sameUUID(_ reader: inout DBusArgumentReader, _ key: String) -> Bool {
-        reader.withString { text in key.withCString { strcasecmp(text, $0) == 0 } } ?? false
-    }
-
-    /// Checks that the variant `entry` is at holds `a{Kv}` of `ay` (ManufacturerData, ServiceData) with keys
-    /// `isKey` accepts; returns a reader at that dictionary and whether it holds exactly the keys `data` has, each
-    /// once (as `matches` compares them). Nil for any other shape. Nothing is copied, nor is `data` changed (it is
-    /// `inout` only so that reading it through the mirror's slot copies no device value).
-    private static func byteDictionary<Key: Hashable>(
-        _ entry: inout DBusArgumentReader, keys data: inout [Key: [UInt8]], isKey: (inout DBusArgumentReader) -> Bool,
-        matches: (inout DBusArgumentReader, Key) -> Bool
-    ) -> (reader: DBusArgumentReader, sameKeys: Bool)? {
-        guard var variant = entry.enter(), let dictionary = variant.enter() else { return nil }
-        // Keys are matched by a scan (advertisers send one or two); a larger dictionary is simply rebuilt.
-        var sameKeys = data.count <= 8
-        var seen: UInt8 = 0
-        var count = 0
-        var reader = dictionary
-        while !reader.isAtEnd {
-            guard let e = reader.enter() else { return nil }
-            var value = e
-            guard isKey(&value), var inner = value.enter(), inner.withBytes({ _ in true }) != nil else { return nil }
-            count += 1
-            if sameKeys, let (_, offset, _) = position(of: e, in: data, matches), seen & (1 << offset) == 0 {
-                seen |= 1 << offset
-            } else {
-                sameKeys = false
-            }
-        }
-        return (dictionary, sameKeys && count == data.count)
-    }
-
-    /// Where the key `entry` is at stands among `data`'s keys (a scan: there are one or two), and the entry's
-    /// reader past its key.
-    private static func position<Key: Hashable>(
-        of entry: DBusArgumentReader, in data: [Key: [UInt8]], _ matches: (inout DBusArgumentReader, Key) -> Bool
-    ) -> (Dictionary<Key, [UInt8]>.Index, offset: Int, DBusArgumentReader)? {
-        var offset = 0
-        var i = data.startIndex
-        while i != data.endIndex {
-            var key = entry
-            if matches(&key, data.keys[i]) { return (i, offset, key) }
-            data.formIndex(after: &i)
-            offset += 1
-        }
-        return nil
-    }
-
-    /// Stores the dictionary `byteDictionary` checked into `data`: with the same keys (the advertiser sent the keys
-    /// it sent last time, as it nearly always does), each value is overwritten in place, so no storage is
-    /// allocated while nothing else holds `data`; otherwise `data` becomes a new dictionary of the keys `readKey`
-    /// reads.
-    private static func store<Key: Hashable>(
-        _ checked: (reader: DBusArgumentReader, sameKeys: Bool), into data: inout [Key: [UInt8]],
-        readKey: (inout DBusArgumentReader) -> Key?, matches: (inout DBusArgumentReader, Key) -> Bool
-    ) {
-        var dictionary = checked.reader
-        if checked.sameKeys {
-            while !dictionary.isAtEnd, let entry = dictionary.enter(),
-                let (at, _, rest) = position(of: entry, in: data, matches)
-            {
-                var value = rest
-                guard var inner = value.enter() else { return }
-                _ = inner.withBytes { bytes in Self.overwrite(&data.values[at], with: bytes) }
-            }
-            return
-        }
-        var fresh = [Key: [UInt8]](minimumCapacity: 1)
-        while !dictionary.isAtEnd, var e = dictionary.enter(), let key = readKey(&e), var inner = e.enter(),
-            let bytes = inner.bytes()
-        {
-            fresh[key] = bytes
-        }
-        data = fresh
     }
 
     /// Replaces `bytes`' contents, in its own storage when that is unshared and large enough.
@@ -687,9 +720,9 @@ extension BlueZDevice {
 }
 
 /// An object path as a dictionary key: made from a String to be stored, or over a message's own bytes for a lookup
-/// that allocates nothing (`borrowing`). Both hash and compare as their UTF-8 bytes.
+/// that allocates nothing (`init(unsafeBorrowing:)`). Both hash and compare as their UTF-8 bytes.
 struct ObjectPathKey: Hashable, @unchecked Sendable {
-    // @unchecked: a borrowed key exists only inside `borrowing`'s body; stored keys always own their String.
+    // @unchecked: a borrowed key is only made for a lookup; stored keys always own their String.
     private let owned: String
     private let borrowed: UnsafeBufferPointer<UInt8>?
 
@@ -699,18 +732,14 @@ struct ObjectPathKey: Hashable, @unchecked Sendable {
         borrowed = nil
     }
 
-    private init(borrowed bytes: UnsafeBufferPointer<UInt8>) {
+    /// A key over `bytes`, for a lookup while they live; never stored.
+    init(unsafeBorrowing bytes: UnsafeBufferPointer<UInt8>) {
         owned = ""
         borrowed = bytes
     }
 
     /// The path (of an owned key).
     var path: String { owned }
-
-    /// Calls `body` with a key over `bytes`, valid only inside it.
-    static func borrowing<R>(_ bytes: UnsafeBufferPointer<UInt8>, _ body: (ObjectPathKey) -> R) -> R {
-        body(ObjectPathKey(borrowed: bytes))
-    }
 
     private func withBytes<R>(_ body: (UnsafeBufferPointer<UInt8>) -> R) -> R {
         if let borrowed { return body(borrowed) }

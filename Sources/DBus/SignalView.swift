@@ -13,13 +13,12 @@ public struct DBusSignalView {
 
     /// The object path the signal was emitted from.
     public var path: String? { dbus_message_get_path(pointer).map { String(cString: $0) } }
-    /// Calls `body` with the bytes of the object path (no terminating NUL), valid only inside it: nothing is
-    /// allocated, unlike `path`. Nil when the message has no path.
-    public func withPathBytes<R>(_ body: (UnsafeBufferPointer<UInt8>) -> R) -> R? {
+    /// The bytes of the object path (no terminating NUL) in libdbus's message, for a handler that reads them before it
+    /// returns (the view's own lifetime): nothing is allocated and no closure is needed. Nil when the message has no
+    /// path.
+    public var unsafePathBytes: UnsafeBufferPointer<UInt8>? {
         guard let path = dbus_message_get_path(pointer) else { return nil }
-        return path.withMemoryRebound(to: UInt8.self, capacity: 1) { bytes in
-            body(UnsafeBufferPointer(start: bytes, count: strlen(path)))
-        }
+        return UnsafeBufferPointer(start: UnsafeRawPointer(path).assumingMemoryBound(to: UInt8.self), count: strlen(path))
     }
     /// The interface.
     public var interface: String? { dbus_message_get_interface(pointer).map { String(cString: $0) } }
@@ -54,22 +53,17 @@ public struct DBusSignalView {
 /// A successful read moves to the next argument. Valid only as long as the message it reads.
 public struct DBusArgumentReader {
     private var iter = DBusMessageIter()
-    private var started: Bool
+    /// The current argument's type code, `TypeCode.invalid` at the end: read from libdbus once per position (each
+    /// `dbus_message_iter_get_arg_type` parses the signature again), not once per question asked about it.
+    private var code: Int32
 
     init(message: OpaquePointer) {
-        started = dbus_message_iter_init(message, &iter) != 0
+        code = dbus_message_iter_init(message, &iter) != 0 ? dbus_message_iter_get_arg_type(&iter) : TypeCode.invalid
     }
 
     private init(recursingInto parent: inout DBusMessageIter) {
         dbus_message_iter_recurse(&parent, &iter)
-        started = true
-    }
-
-    private var code: Int32 {
-        guard started else { return TypeCode.invalid }
-        // libdbus takes a mutable pointer but only reads; an iterator may be copied (its documentation says so).
-        var copy = iter
-        return dbus_message_iter_get_arg_type(&copy)
+        code = dbus_message_iter_get_arg_type(&iter)
     }
 
     /// True when every argument (or element) has been read.
@@ -82,7 +76,9 @@ public struct DBusArgumentReader {
         return Character(UnicodeScalar(UInt8(truncatingIfNeeded: c)))
     }
 
-    private mutating func advance() { dbus_message_iter_next(&iter) }
+    private mutating func advance() {
+        code = dbus_message_iter_next(&iter) != 0 ? dbus_message_iter_get_arg_type(&iter) : TypeCode.invalid
+    }
 
     private mutating func fixed<T: BitwiseCopyable>(_ expected: Int32, _ initial: T) -> T? {
         guard code == expected else { return nil }
@@ -134,6 +130,29 @@ public struct DBusArgumentReader {
         guard let pointer = text(), expected.withCString({ strcmp(pointer, $0) }) == 0 else { return false }
         advance()
         return true
+    }
+
+    /// An `s` (not an `o`) in libdbus's message, valid as long as the message (for a signal view: while its handler
+    /// runs), and moves past it; nothing is copied. Nil, and the reader stays where it is, for any other type.
+    public mutating func unsafeString() -> UnsafePointer<CChar>? {
+        guard code == TypeCode.string else { return nil }
+        var pointer: UnsafePointer<CChar>? = nil
+        dbus_message_iter_get_basic(&iter, &pointer)
+        advance()
+        return pointer
+    }
+
+    /// An `ay` in libdbus's message, valid as long as the message (for a signal view: while its handler runs), and
+    /// moves past it; nothing is copied. Nil, and the reader stays where it is, for any other type.
+    public mutating func unsafeBytes() -> UnsafeBufferPointer<UInt8>? {
+        guard code == TypeCode.array, dbus_message_iter_get_element_type(&iter) == TypeCode.byte else { return nil }
+        var sub = DBusMessageIter()
+        dbus_message_iter_recurse(&iter, &sub)
+        var pointer: UnsafePointer<UInt8>? = nil
+        var count: Int32 = 0
+        dbus_message_iter_get_fixed_array(&sub, &pointer, &count)
+        advance()
+        return UnsafeBufferPointer(start: count > 0 ? pointer : nil, count: count > 0 ? Int(count) : 0)
     }
 
     /// An `ay`, copied out.

@@ -115,7 +115,7 @@ private func device(_ address: String, on adapter: String) -> [(String, [(String
         func lookUp(_ path: String) -> Int? {
             var bytes = Array(path.utf8)
             return bytes.withUnsafeMutableBufferPointer { buffer in
-                ObjectPathKey.borrowing(UnsafeBufferPointer(buffer)) { table[$0] }
+                table[ObjectPathKey(unsafeBorrowing: UnsafeBufferPointer(buffer))]
             }
         }
         for (index, path) in paths.enumerated() { #expect(lookUp(path) == index) }

@@ -522,6 +522,16 @@ private func baseTree() -> BlueZObjectTree {
         #expect(try !compare(changed([("ServiceData", pathKeyed)])))
         #expect(try !compare(changed([("RSSI", .int16(-40))], invalidated: ["TxPower"])))
         #expect(try !compare(changed([])))
+        // A dictionary sent twice in one signal, and more entries than one advertisement is read into in place.
+        #expect(
+            try !compare(
+                changed([
+                    ("ManufacturerData", manufacturer([(0x0499, .bytes([1]))])),
+                    ("ManufacturerData", manufacturer([(0x0499, .bytes([2]))])),
+                ])))
+        let many = (0..<17).map { (UInt16($0), DBusValue.bytes([UInt8($0)])) }
+        #expect(try !compare(changed([("ManufacturerData", manufacturer(many))])))
+        #expect(try compare(changed([("ManufacturerData", manufacturer(Array(many.prefix(16))))])))
         // Another interface, an object the mirror does not have, a device without Device1 in the mirror.
         #expect(try !compare(changed([("RSSI", .int16(-40))], interface: "org.bluez.Adapter1")))
         #expect(try !compare(changed([("RSSI", .int16(-40))], path: "/org/bluez/hci0/dev_00_00_00_00_00_01")))

@@ -34,6 +34,7 @@ import Testing
             #expect(view.isSignal(interface: "org.freedesktop.DBus.Properties", member: "PropertiesChanged"))
             #expect(!view.isSignal(interface: "org.freedesktop.DBus.Properties", member: "Other"))
             #expect(view.path == "/org/bluez/hci0/dev_AA")
+            #expect(view.unsafePathBytes.map { Array($0) } == Array("/org/bluez/hci0/dev_AA".utf8))
             #expect(view.member == "PropertiesChanged")
             var arguments = view.arguments()
             #expect(arguments.currentType == "s")
@@ -53,6 +54,10 @@ import Testing
             let noBytes = keyInPlace.withBytes { $0.count }
             let keyLength = keyInPlace.withString { strlen($0) }
             #expect(noBytes == nil && keyLength == 4 && keyInPlace.currentType == "v")
+            var unsafeKey = rssi
+            let keyAsBytes = unsafeKey.unsafeBytes()
+            let keyText = unsafeKey.unsafeString().map { String(cString: $0) }
+            #expect(keyAsBytes == nil && keyText == "RSSI" && unsafeKey.currentType == "v")
             let key = rssi.string()
             #expect(key == "RSSI")
             var variant = try enter(&rssi)
@@ -75,6 +80,10 @@ import Testing
             let notText = copy.withString { _ in true }
             let inPlace = copy.withBytes { Array($0) }
             #expect(notText == nil && inPlace == [5, 1] && copy.isAtEnd)
+            var unsafeCopy = bytes
+            let bytesAsText = unsafeCopy.unsafeString()
+            let unsafeBytes = unsafeCopy.unsafeBytes().map(Array.init)
+            #expect(bytesAsText == nil && unsafeBytes == [5, 1] && unsafeCopy.isAtEnd)
             let data = bytes.bytes()
             #expect(data == [5, 1])
             #expect(dictionary.isAtEnd)
