@@ -103,12 +103,23 @@ final class PendingCall: @unchecked Sendable {
 
 /// A registered signal consumer. A class: the filter walks the list for every signal, and a reference costs one
 /// retain where the fields would cost one each.
-final class SignalSubscription: Sendable {
+final class SignalSubscription: @unchecked Sendable {
+    // @unchecked: the C strings below are written once, in init, and freed in deinit.
     let rule: DBusMatchRule
     let deliver: @Sendable (DBusMessage) -> Void
     let finish: @Sendable () -> Void
     /// Set for a subscription that reads signals in place: it gets them instead of `deliver`, with no decoding.
     let deliverView: (@Sendable (DBusSignalView) -> Void)?
+    /// The rule's `matchesOnHeaderOnly`.
+    let headerOnly: Bool
+    /// The header fields `matchesHeader` compares, as C strings made once (the rule's Strings would be copied out
+    /// and bridged for every signal); nil where the rule does not constrain the field.
+    private let type: Int32?
+    private let sender: UnsafeMutablePointer<CChar>?
+    private let interface: UnsafeMutablePointer<CChar>?
+    private let member: UnsafeMutablePointer<CChar>?
+    private let path: UnsafeMutablePointer<CChar>?
+    private let destination: UnsafeMutablePointer<CChar>?
 
     init(
         rule: DBusMatchRule, deliver: @escaping @Sendable (DBusMessage) -> Void,
@@ -118,6 +129,45 @@ final class SignalSubscription: Sendable {
         self.deliver = deliver
         self.finish = finish
         self.deliverView = deliverView
+        headerOnly = rule.matchesOnHeaderOnly
+        type = rule.type.map(Self.typeCode)
+        // A well-known sender name is not what the header carries (it names the owner's unique name): as in
+        // DBusMatchRule.matchesHeader, only a unique name or the bus itself is compared.
+        sender = rule.sender.flatMap { $0.hasPrefix(":") || $0 == "org.freedesktop.DBus" ? strdup($0) : nil }
+        interface = rule.interface.flatMap { strdup($0) }
+        member = rule.member.flatMap { strdup($0) }
+        path = rule.path.flatMap { strdup($0.rawValue) }
+        destination = rule.destination.flatMap { strdup($0) }
+    }
+
+    deinit {
+        for field in [sender, interface, member, path, destination] { free(field) }
+    }
+
+    private static func typeCode(_ type: DBusMessage.MessageType) -> Int32 {
+        switch type {
+        case .methodCall: DBUS_MESSAGE_TYPE_METHOD_CALL
+        case .methodReturn: DBUS_MESSAGE_TYPE_METHOD_RETURN
+        case .error: DBUS_MESSAGE_TYPE_ERROR
+        case .signal: DBUS_MESSAGE_TYPE_SIGNAL
+        }
+    }
+
+    /// `rule.matchesHeader(message)`, over the C strings made once.
+    func matchesHeader(_ message: OpaquePointer) -> Bool {
+        @inline(__always) func equal(_ expected: UnsafeMutablePointer<CChar>?, _ actual: UnsafePointer<CChar>?) -> Bool {
+            guard let expected else { return true }
+            guard let actual else { return false }
+            return strcmp(actual, expected) == 0
+        }
+        if let type, type != dbus_message_get_type(message) { return false }
+        guard equal(sender, dbus_message_get_sender(message)), equal(interface, dbus_message_get_interface(message)),
+            equal(member, dbus_message_get_member(message)), equal(path, dbus_message_get_path(message))
+        else { return false }
+        if let destination, let target = dbus_message_get_destination(message), strcmp(target, destination) != 0 {
+            return false
+        }
+        return true
     }
 }
 
@@ -873,8 +923,8 @@ final class ConnectionCore: @unchecked Sendable {
             // needs the arguments): a signal only in-place readers want is never decoded.
             var decoded: DBusMessage?? = nil
             for subscription in subscriptions {
-                guard subscription.rule.matchesHeader(pointer) else { continue }
-                if let view = subscription.deliverView, subscription.rule.matchesOnHeaderOnly {
+                guard subscription.matchesHeader(pointer) else { continue }
+                if let view = subscription.deliverView, subscription.headerOnly {
                     view(DBusSignalView(pointer))
                     continue
                 }

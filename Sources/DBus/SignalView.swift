@@ -201,41 +201,6 @@ public struct DBusArgumentReader {
 }
 
 extension DBusMatchRule {
-    /// True when the rule constrains only what a message's header holds, so `matchesHeader` decides it.
+    /// True when the rule constrains only what a message's header holds, so the header match decides it.
     var matchesOnHeaderOnly: Bool { arguments.isEmpty && argumentPaths.isEmpty && pathNamespace == nil }
-
-    /// The part of `matches(_:)` that a message's header decides, read off libdbus's message in place: the whole
-    /// answer for a rule with `matchesOnHeaderOnly`, a necessary condition for any other.
-    func matchesHeader(_ message: OpaquePointer) -> Bool {
-        if let type, type != Self.messageType(message) { return false }
-        func equal(_ expected: String?, _ actual: UnsafePointer<CChar>?) -> Bool {
-            guard let expected else { return true }
-            guard let actual else { return false }
-            return expected.withCString { strcmp(actual, $0) } == 0
-        }
-        if let sender, sender.hasPrefix(":") || sender == "org.freedesktop.DBus",
-            !equal(sender, dbus_message_get_sender(message))
-        {
-            return false
-        }
-        guard equal(interface, dbus_message_get_interface(message)), equal(member, dbus_message_get_member(message)),
-            equal(path?.rawValue, dbus_message_get_path(message))
-        else { return false }
-        if let destination, let target = dbus_message_get_destination(message),
-            destination.withCString({ strcmp(target, $0) }) != 0
-        {
-            return false
-        }
-        return true
-    }
-
-    private static func messageType(_ message: OpaquePointer) -> DBusMessage.MessageType? {
-        switch dbus_message_get_type(message) {
-        case DBUS_MESSAGE_TYPE_METHOD_CALL: return .methodCall
-        case DBUS_MESSAGE_TYPE_METHOD_RETURN: return .methodReturn
-        case DBUS_MESSAGE_TYPE_ERROR: return .error
-        case DBUS_MESSAGE_TYPE_SIGNAL: return .signal
-        default: return nil
-        }
-    }
 }

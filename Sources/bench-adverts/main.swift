@@ -12,6 +12,7 @@
 import BlueZ
 import Dispatch
 import GATT
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -51,34 +52,44 @@ let allocationCounter: AllocationCounter? = {
     return unsafeBitCast(symbol, to: AllocationCounter.self)
 }()
 
-/// Records, written by the event loop and read by the signal handler after it stopped; one writer at a time.
+/// The records, in buffers allocated up front as bench/dbus-ref.c keeps its own: one writer (the thread that
+/// delivers events, the D-Bus I/O thread) fills a slot and then publishes it by storing the count with release
+/// ordering; the stop handler loads the count with acquire ordering and reads that many. No lock per event (the
+/// reference takes none either). An event from any other thread is not recorded but counted, and the run says so.
 final class Recorder: @unchecked Sendable {
-    /// Allocations and events when the 1,000th event was recorded (after the start-up's own allocations).
-    var baseline: (allocations: UInt, events: Int)?
-    var t: [Int64] = []
-    var device: [Int32] = []
-    var key: [Int32] = []
-    var decoded = 0
-    var errors = 0
-    init() {
-        t.reserveCapacity(1 << 21)
-        device.reserveCapacity(1 << 21)
-        key.reserveCapacity(1 << 21)
+    static let capacity = 1 << 21
+    let t = UnsafeMutablePointer<Int64>.allocate(capacity: capacity)
+    let device = UnsafeMutablePointer<Int32>.allocate(capacity: capacity)
+    let key = UnsafeMutablePointer<Int32>.allocate(capacity: capacity)
+    let count = Atomic<Int>(0)
+    let decoded = Atomic<Int>(0)
+    let errors = Atomic<Int>(0)
+    let foreign = Atomic<Int>(0)
+    let writer = Atomic<UInt64>(0)
+    /// Allocations when the 1,000th event was recorded (after the start-up's own allocations).
+    let baseline = Atomic<UInt>(0)
+
+    func append(_ time: Int64, device number: Int32, key value: Int32, decoded ok: Bool?) {
+        let me = UInt64(pthread_self())
+        if writer.load(ordering: .relaxed) != me {
+            guard writer.compareExchange(expected: 0, desired: me, ordering: .relaxed).exchanged else {
+                foreign.wrappingAdd(1, ordering: .relaxed)
+                return
+            }
+        }
+        if ok == true { decoded.wrappingAdd(1, ordering: .relaxed) } else if ok == false {
+            errors.wrappingAdd(1, ordering: .relaxed)
+        }
+        let i = count.load(ordering: .relaxed)
+        guard i < Self.capacity else { return }
+        t[i] = time
+        device[i] = number
+        key[i] = value
+        count.store(i + 1, ordering: .releasing)
+        if i + 1 == 1000, let allocations = allocationCounter { baseline.store(allocations(), ordering: .relaxed) }
     }
 }
 let recorder = Recorder()
-let lock = NSLockLike()
-
-/// A pthread mutex, so the signal handler's queue and the event loop never touch the records at once.
-final class NSLockLike: @unchecked Sendable {
-    var m = pthread_mutex_t()
-    init() { pthread_mutex_init(&m, nil) }
-    func with<T>(_ body: () -> T) -> T {
-        pthread_mutex_lock(&m)
-        defer { pthread_mutex_unlock(&m) }
-        return body()
-    }
-}
 
 @Sendable func nowNS() -> Int64 {
     var ts = timespec()
@@ -114,19 +125,21 @@ signal(SIGINT, SIG_IGN)
 let stopSources = [SIGTERM, SIGINT].map { number -> any DispatchSourceSignal in
     let source = DispatchSource.makeSignalSource(signal: number, queue: .main)
     source.setEventHandler {
-        lock.with {
-            guard let f = fopen(out, "w") else { fail("cannot write \(out)") }
-            for i in recorder.t.indices {
-                fputs("d \(recorder.t[i]) \(recorder.device[i]) \(recorder.key[i])\n", f)
-            }
-            fclose(f)
-            var allocations = ""
-            if let count = allocationCounter, let base = recorder.baseline, recorder.t.count > base.events {
-                let per = Double(count() - base.allocations) / Double(recorder.t.count - base.events)
-                allocations = ", \((per * 10).rounded() / 10) allocations per event"
-            }
-            say("\(recorder.t.count) events, \(recorder.decoded) decoded, \(recorder.errors) rejected\(allocations)")
+        let n = recorder.count.load(ordering: .acquiring)
+        guard let f = fopen(out, "w") else { fail("cannot write \(out)") }
+        for i in 0..<n { fputs("d \(recorder.t[i]) \(recorder.device[i]) \(recorder.key[i])\n", f) }
+        fclose(f)
+        var allocations = ""
+        let base = recorder.baseline.load(ordering: .relaxed)
+        if let count = allocationCounter, base > 0, n > 1000 {
+            let per = Double(count() - base) / Double(n - 1000)
+            allocations = ", \((per * 10).rounded() / 10) allocations per event"
         }
+        let foreign = recorder.foreign.load(ordering: .relaxed)
+        say(
+            "\(n) events, \(recorder.decoded.load(ordering: .relaxed)) decoded, "
+                + "\(recorder.errors.load(ordering: .relaxed)) rejected\(allocations)"
+                + (foreign > 0 ? ", \(foreign) not recorded (delivered on another thread)" : ""))
         exit(0)
     }
     source.resume()
@@ -162,14 +175,7 @@ let bthome = AdvertisementSource.serviceData(BluetoothUUID(UInt16(0xFCD2)))
             ok = false
         }
     }
-    let n = deviceNumber(d.address)
-    lock.with {
-        if ok == true { recorder.decoded += 1 } else if ok == false { recorder.errors += 1 }
-        recorder.t.append(t)
-        recorder.device.append(n)
-        recorder.key.append(key)
-        if recorder.t.count == 1000, let count = allocationCounter { recorder.baseline = (count(), 1000) }
-    }
+    recorder.append(t, device: deviceNumber(d.address), key: key, decoded: ok)
 }
 
 /// The StartNotify path's registry: the built-in parsers and bench_seq (`seq`, u32le at 0) for the benchmark's
@@ -199,13 +205,7 @@ func notifyRegistry(_ uuid: String) -> GATTParserRegistry {
     } catch {
         ok = false
     }
-    lock.with {
-        if ok { recorder.decoded += 1 } else { recorder.errors += 1 }
-        recorder.t.append(t)
-        recorder.device.append(device)
-        recorder.key.append(key)
-        if recorder.t.count == 1000, let count = allocationCounter { recorder.baseline = (count(), 1000) }
-    }
+    recorder.append(t, device: device, key: key, decoded: ok)
 }
 
 /// Connects to every advertising device that has `uuid` and subscribes to it with StartNotify, each value handed
