@@ -75,7 +75,9 @@ import Testing
         }
         let elapsed = ContinuousClock.now - start
         #expect(elapsed >= .milliseconds(250))
-        #expect(elapsed < .seconds(5))
+        // The 300 ms given, not libdbus's default of 25 s: the bound leaves room for a test run whose cooperative
+        // threads are all busy for a few seconds (a full parallel run on two cores took 6 s once).
+        #expect(elapsed < .seconds(20))
     }
 }
 
