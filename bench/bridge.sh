@@ -2,7 +2,8 @@
 # The bridge under load: the shipped blebridge (deploy/build-release.sh), a release bluez-sim, a private mosquitto
 # on a free loopback port, and per scenario a fresh bluez-sim on its own private bus plus `blebridge run` (config and scenario written by
 # bench/bridge-gen.py). bench/bridge-sub.c (libmosquitto) subscribes to blebridge/+, runs the measurement window and
-# samples /proc/PID/stat (utime+stime; the bridge also by thread), VmHWM and Threads of the bridge, the simulator and the broker;
+# samples the CPU time (each process's CPU-time clock, in ns; the bridge also by thread), VmHWM and Threads of the
+# bridge, the simulator and the broker;
 # bench/bridge-report.py turns the records into figures and prints the table at the end.
 #
 #   bench/bridge.sh [--quick] [--only LIST] [--window S] [--notify-a NxHZ] [--notify-b NxHZ] [--passive NxHZ]
