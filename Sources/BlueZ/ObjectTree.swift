@@ -351,32 +351,43 @@ struct BlueZObjectTree: Sendable {
                 guard let value = variant.int16() else { return nil }
                 read.txPower = value
             case .manufacturerData?:
-                guard read.manufacturer == nil, var dictionary = variant.enter() else { return nil }
-                let first = count
-                while !dictionary.isAtEnd {
-                    guard count < entries.count, var e = dictionary.enter(), let company = e.uint16(),
-                        var value = e.enter(), let bytes = value.unsafeBytes()
-                    else { return nil }
-                    entries.initializeElement(at: count, to: AdvertisedEntry(company: company, uuid: nil, bytes: bytes))
-                    count += 1
-                }
-                read.manufacturer = first..<count
+                guard read.manufacturer == nil,
+                    let range = readEntries(&variant, into: entries, from: &count, key: { e in
+                        e.uint16().map { (company: $0, uuid: nil) }
+                    })
+                else { return nil }
+                read.manufacturer = range
             case .serviceData?:
-                guard read.service == nil, var dictionary = variant.enter() else { return nil }
-                let first = count
-                while !dictionary.isAtEnd {
-                    guard count < entries.count, var e = dictionary.enter(), let uuid = e.unsafeString(),
-                        var value = e.enter(), let bytes = value.unsafeBytes()
-                    else { return nil }
-                    entries.initializeElement(at: count, to: AdvertisedEntry(company: 0, uuid: uuid, bytes: bytes))
-                    count += 1
-                }
-                read.service = first..<count
+                guard read.service == nil,
+                    let range = readEntries(&variant, into: entries, from: &count, key: { e in
+                        e.unsafeString().map { (company: 0, uuid: $0) }
+                    })
+                else { return nil }
+                read.service = range
             case nil:
                 return nil
             }
         }
         return read
+    }
+
+    /// Reads the dictionary in `variant` (of `ay` values, keys read by `key`) into `entries` from `count` on; returns
+    /// the entries' range, nil for another shape or more entries than `entries` holds.
+    private static func readEntries(
+        _ variant: inout DBusArgumentReader, into entries: UnsafeMutableBufferPointer<AdvertisedEntry>,
+        from count: inout Int,
+        key: (inout DBusArgumentReader) -> (company: UInt16, uuid: UnsafePointer<CChar>?)?
+    ) -> Range<Int>? {
+        guard var dictionary = variant.enter() else { return nil }
+        let first = count
+        while !dictionary.isAtEnd {
+            guard count < entries.count, var e = dictionary.enter(), let (company, uuid) = key(&e),
+                var value = e.enter(), let bytes = value.unsafeBytes()
+            else { return nil }
+            entries.initializeElement(at: count, to: AdvertisedEntry(company: company, uuid: uuid, bytes: bytes))
+            count += 1
+        }
+        return first..<count
     }
 
     /// The properties an advertisement changes, told apart by their names in place.

@@ -163,15 +163,8 @@ public struct DBusArgumentReader {
     /// Hands an `ay` to `body` in place (valid only while `body` runs; nothing is copied) and moves past it. Nil,
     /// and the reader stays where it is, for any other type.
     public mutating func withBytes<R>(_ body: (UnsafeBufferPointer<UInt8>) throws -> R) rethrows -> R? {
-        guard code == TypeCode.array, dbus_message_iter_get_element_type(&iter) == TypeCode.byte else { return nil }
-        var sub = DBusMessageIter()
-        dbus_message_iter_recurse(&iter, &sub)
-        var pointer: UnsafePointer<UInt8>? = nil
-        var count: Int32 = 0
-        dbus_message_iter_get_fixed_array(&sub, &pointer, &count)
-        advance()
-        guard let pointer, count > 0 else { return try body(UnsafeBufferPointer(start: nil, count: 0)) }
-        return try body(UnsafeBufferPointer(start: pointer, count: Int(count)))
+        guard let bytes = unsafeBytes() else { return nil }
+        return try body(bytes)
     }
 
     /// A reader over the contents of the current container (array, dictionary entry, struct or variant); this reader
