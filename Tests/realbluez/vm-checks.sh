@@ -116,7 +116,7 @@ bluez_on_bus() {
     dbus-send --system --print-reply --dest=org.bluez / org.freedesktop.DBus.ObjectManager.GetManagedObjects |
         grep -q org.bluez.Adapter1
 }
-powered() { bluetoothctl show | grep -q 'Powered: yes'; }
+powered() { timeout 10 bluetoothctl show | grep -q 'Powered: yes'; }
 if wait_for 30 bluez_on_bus && wait_for 15 powered; then
     bluetoothctl list > "$OUT/checks/bluetoothctl-list.log" 2>&1
     n=$(grep -c '^Controller' "$OUT/checks/bluetoothctl-list.log")
@@ -298,7 +298,11 @@ if [ -n "$BRIDGE_PID" ]; then
         kill -KILL "$BRIDGE_PID"
         wait "$BRIDGE_PID" 2>/dev/null
         sleep 1
-        kept=$(bluetoothctl info "$PEER_ADDR" 2>/dev/null | grep -c 'Connected: yes')
+        # bluetoothctl waits for bluetoothd for ever: not asked when it died (the crash below), and never unbounded.
+        kept=0
+        if kill -0 "$BLUETOOTHD_PID" 2>/dev/null; then
+            kept=$(timeout 10 bluetoothctl info "$PEER_ADDR" 2>/dev/null | grep -c 'Connected: yes')
+        fi
         m=$(mark)
         "$BLEBRIDGE" run --config /tmp/run.yaml --log-level debug >> "$OUT/checks/run-again.log" 2>&1 &
         BRIDGE_PID=$!
