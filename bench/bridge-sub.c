@@ -6,11 +6,12 @@
  * ("seq":17 -> 17; -1 when none is there).
  *
  * It also runs the measurement window: it waits until --devices distinct devices have published (or --wait-timeout
- * passes), waits --settle seconds more, then samples the CPU time (clock_getcpuclockid) of every --pid and the simulator's
- * counters (io.blebridge.Simulator1.GetCounters over libdbus, when --bus is given), sleeps --window seconds, samples
- * again (the first --pid also per thread from schedstat, summed by name: threadcpu_NAME_THREAD_s) with VmHWM,
- * VmRSS and Threads (/proc/PID/status), waits --grace seconds for late messages and then
- * writes the records to --out ("m T_NS DEVICE KEY" a line) and the samples to stdout as key=value lines.
+ * passes), waits --settle seconds more, then samples the CPU time (clock_getcpuclockid) of every --pid and the
+ * simulator's counters (io.blebridge.Simulator1.GetCounters over libdbus, when --bus is given), sleeps --window
+ * seconds, samples again (the first --pid also per thread from schedstat, summed by name:
+ * threadcpu_NAME_THREAD_s) with VmHWM, VmRSS and Threads (/proc/PID/status), waits --grace seconds for late
+ * messages and then writes the records to --out ("m T_NS DEVICE KEY" a line) and the samples to stdout as
+ * key=value lines.
  *
  * With --probe-address/--probe-uuid it also sends latency probes during the window: --probe-rate times a second a
  * Simulator1.PushNotification whose value is its CLOCK_MONOTONIC time in µs (u32le), which comes back as the key.

@@ -295,14 +295,18 @@ struct BlueZObjectTree: Sendable {
                 fields.insert(.txPower)
             }
             if let range = read.manufacturer {
-                Self.storeManufacturerData(
+                Self.store(
                     UnsafeBufferPointer(rebasing: entries[range]),
-                    into: &deviceValues.values[device].device.manufacturerData)
+                    into: &deviceValues.values[device].device.manufacturerData,
+                    find: { entry, data in data.index(forKey: entry.company) }, key: \.company)
                 fields.insert(.manufacturerData)
             }
             if let range = read.service {
-                Self.storeServiceData(
-                    UnsafeBufferPointer(rebasing: entries[range]), into: &deviceValues.values[device].device.serviceData)
+                // ServiceData entries always have a UUID (readAdvertisement reads one for each).
+                Self.store(
+                    UnsafeBufferPointer(rebasing: entries[range]),
+                    into: &deviceValues.values[device].device.serviceData,
+                    find: Self.storedUUID, key: { BlueZDevice.lowercasedUUID(String(cString: $0.uuid!)) })
                 fields.insert(.serviceData)
             }
             // The device value now; the object's Device1 properties when something else touches it (settle).
@@ -409,66 +413,47 @@ struct BlueZObjectTree: Sendable {
         }
     }
 
-    /// Stores an advertisement's ManufacturerData: with the keys `data` has, each once (the advertiser sent the keys
-    /// it sent last time, as it nearly always does), each value is overwritten in place, so no storage is allocated
-    /// while nothing else holds `data`; otherwise `data` becomes a new dictionary of the entries (the last of a key
-    /// sent twice).
-    private static func storeManufacturerData(
-        _ entries: UnsafeBufferPointer<AdvertisedEntry>, into data: inout [UInt16: [UInt8]]
+    /// Stores an advertisement's ManufacturerData or ServiceData: when the entries have exactly the keys `data` has,
+    /// each once (the advertiser sent the keys it sent last time, as it nearly always does), each value is
+    /// overwritten in place, so no storage is allocated while nothing else holds `data`; otherwise `data` becomes a
+    /// new dictionary of the entries (the last of a key sent twice). `find` is where an entry's key is in `data`,
+    /// `key` the key an entry is stored under.
+    private static func store<Key: Hashable>(
+        _ entries: UnsafeBufferPointer<AdvertisedEntry>, into data: inout [Key: [UInt8]],
+        find: (AdvertisedEntry, [Key: [UInt8]]) -> Dictionary<Key, [UInt8]>.Index?, key: (AdvertisedEntry) -> Key
     ) {
+        // Every entry found, and no two at the same key: with as many entries as keys, the same key set.
         var sameKeys = entries.count == data.count
-        if sameKeys {
-            for i in entries.indices where data.index(forKey: entries[i].company) == nil
-                || entries[..<i].contains(where: { $0.company == entries[i].company })
-            {
+        for i in entries.indices where sameKeys {
+            guard let at = find(entries[i], data) else {
                 sameKeys = false
                 break
             }
+            sameKeys = !entries[..<i].contains { find($0, data) == at }
         }
         if sameKeys {
             for entry in entries {
-                if let at = data.index(forKey: entry.company) { overwrite(&data.values[at], with: entry.bytes) }
+                if let at = find(entry, data) { overwrite(&data.values[at], with: entry.bytes) }
             }
             return
         }
-        var fresh = [UInt16: [UInt8]](minimumCapacity: entries.count)
-        for entry in entries { fresh[entry.company] = Array(entry.bytes) }
+        var fresh = [Key: [UInt8]](minimumCapacity: entries.count)
+        for entry in entries { fresh[key(entry)] = Array(entry.bytes) }
         data = fresh
     }
 
-    /// `storeManufacturerData` for ServiceData, whose keys are UUIDs kept in lower case (`lowercasedUUID`): a key
-    /// sent is found among them by an ASCII case-blind scan (there are one or two).
-    private static func storeServiceData(_ entries: UnsafeBufferPointer<AdvertisedEntry>, into data: inout [String: [UInt8]]) {
-        func stored(_ uuid: UnsafePointer<CChar>?) -> Dictionary<String, [UInt8]>.Index? {
-            guard let uuid else { return nil }
-            var i = data.startIndex
-            while i != data.endIndex {
-                if data.keys[i].withCString({ strcasecmp(uuid, $0) == 0 }) { return i }
-                data.formIndex(after: &i)
-            }
-            return nil
+    /// Where a ServiceData entry's UUID is among the stored ones, kept in lower case (`lowercasedUUID`): an ASCII
+    /// case-blind scan (there are one or two).
+    private static func storedUUID(
+        of entry: AdvertisedEntry, in data: [String: [UInt8]]
+    ) -> Dictionary<String, [UInt8]>.Index? {
+        guard let uuid = entry.uuid else { return nil }
+        var i = data.startIndex
+        while i != data.endIndex {
+            if data.keys[i].withCString({ strcasecmp(uuid, $0) == 0 }) { return i }
+            data.formIndex(after: &i)
         }
-        var sameKeys = entries.count == data.count
-        if sameKeys {
-            for i in entries.indices where stored(entries[i].uuid) == nil
-                || entries[..<i].contains(where: { $0.uuid.map { u in strcasecmp(u, entries[i].uuid!) == 0 } ?? false })
-            {
-                sameKeys = false
-                break
-            }
-        }
-        if sameKeys {
-            for entry in entries {
-                if let at = stored(entry.uuid) { overwrite(&data.values[at], with: entry.bytes) }
-            }
-            return
-        }
-        var fresh = [String: [UInt8]](minimumCapacity: entries.count)
-        for entry in entries {
-            guard let uuid = entry.uuid else { continue }
-            fresh[BlueZDevice.lowercasedUUID(String(cString: uuid))] = Array(entry.bytes)
-        }
-        data = fresh
+        return nil
     }
 
     /// A notification under StartNotify, read in place: `PropertiesChanged` of `GattCharacteristic1` that changed

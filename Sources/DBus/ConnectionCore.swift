@@ -131,8 +131,8 @@ final class SignalSubscription: @unchecked Sendable {
         self.deliverView = deliverView
         headerOnly = rule.matchesOnHeaderOnly
         type = rule.type.map(Self.typeCode)
-        // A well-known sender name is not what the header carries (it names the owner's unique name): as in
-        // DBusMatchRule.matchesHeader, only a unique name or the bus itself is compared.
+        // A well-known sender name is not what the header carries (that is the owner's unique name): only a unique
+        // name or the bus itself is compared here; the bus applies the rest of the rule.
         sender = rule.sender.flatMap { $0.hasPrefix(":") || $0 == "org.freedesktop.DBus" ? strdup($0) : nil }
         interface = rule.interface.flatMap { strdup($0) }
         member = rule.member.flatMap { strdup($0) }
@@ -153,9 +153,10 @@ final class SignalSubscription: @unchecked Sendable {
         }
     }
 
-    /// `rule.matchesHeader(message)`, over the C strings made once.
+    /// The part of `rule.matches(_:)` that the message's header decides (all of it when `headerOnly`), compared in
+    /// place against the C strings made once.
     func matchesHeader(_ message: OpaquePointer) -> Bool {
-        @inline(__always) func equal(_ expected: UnsafeMutablePointer<CChar>?, _ actual: UnsafePointer<CChar>?) -> Bool {
+        func equal(_ expected: UnsafeMutablePointer<CChar>?, _ actual: UnsafePointer<CChar>?) -> Bool {
             guard let expected else { return true }
             guard let actual else { return false }
             return strcmp(actual, expected) == 0

@@ -18,7 +18,8 @@ public struct DBusSignalView {
     /// path.
     public var unsafePathBytes: UnsafeBufferPointer<UInt8>? {
         guard let path = dbus_message_get_path(pointer) else { return nil }
-        return UnsafeBufferPointer(start: UnsafeRawPointer(path).assumingMemoryBound(to: UInt8.self), count: strlen(path))
+        let bytes = UnsafeRawPointer(path).assumingMemoryBound(to: UInt8.self)
+        return UnsafeBufferPointer(start: bytes, count: strlen(path))
     }
     /// The interface.
     public var interface: String? { dbus_message_get_interface(pointer).map { String(cString: $0) } }
