@@ -302,11 +302,10 @@ struct BlueZObjectTree: Sendable {
                 fields.insert(.manufacturerData)
             }
             if let range = read.service {
-                // ServiceData entries always have a UUID (readAdvertisement reads one for each).
                 Self.store(
                     UnsafeBufferPointer(rebasing: entries[range]),
                     into: &deviceValues.values[device].device.serviceData,
-                    find: Self.storedUUID, key: { BlueZDevice.lowercasedUUID(String(cString: $0.uuid!)) })
+                    find: Self.storedUUID, key: { $0.uuid.map { BlueZDevice.lowercasedUUID(String(cString: $0)) } })
                 fields.insert(.serviceData)
             }
             // The device value now; the object's Device1 properties when something else touches it (settle).
@@ -417,10 +416,10 @@ struct BlueZObjectTree: Sendable {
     /// each once (the advertiser sent the keys it sent last time, as it nearly always does), each value is
     /// overwritten in place, so no storage is allocated while nothing else holds `data`; otherwise `data` becomes a
     /// new dictionary of the entries (the last of a key sent twice). `find` is where an entry's key is in `data`,
-    /// `key` the key an entry is stored under.
+    /// `key` the key an entry is stored under (nil: none, and the entry is left out).
     private static func store<Key: Hashable>(
         _ entries: UnsafeBufferPointer<AdvertisedEntry>, into data: inout [Key: [UInt8]],
-        find: (AdvertisedEntry, [Key: [UInt8]]) -> Dictionary<Key, [UInt8]>.Index?, key: (AdvertisedEntry) -> Key
+        find: (AdvertisedEntry, [Key: [UInt8]]) -> Dictionary<Key, [UInt8]>.Index?, key: (AdvertisedEntry) -> Key?
     ) {
         // Every entry found, and no two at the same key: with as many entries as keys, the same key set.
         var sameKeys = entries.count == data.count
@@ -438,7 +437,9 @@ struct BlueZObjectTree: Sendable {
             return
         }
         var fresh = [Key: [UInt8]](minimumCapacity: entries.count)
-        for entry in entries { fresh[key(entry)] = Array(entry.bytes) }
+        for entry in entries {
+            if let key = key(entry) { fresh[key] = Array(entry.bytes) }
+        }
         data = fresh
     }
 
