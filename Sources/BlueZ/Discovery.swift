@@ -196,7 +196,8 @@ public final class BlueZDiscovery: Sendable {
     let client: BlueZClient
     let connection: DBusConnection
     let continuation: ResyncingBuffer<BlueZDiscoveryEvent>
-    /// What the consumer has been told: devices it got `appeared` for and no `lost` since (consumer order).
+    /// What the consumer of `events` has been told: devices it got `appeared` for and no `lost` since (consumer
+    /// order). A direct consumer needs no such record: it is told under the lock its events are made in (`emit`).
     let delivered = Mutex<[String: BlueZDevice]>([:])
     let monitorRoot: DBusObjectPath
     let server: DBusObjectServer?
@@ -497,17 +498,22 @@ public final class BlueZDiscovery: Sendable {
     /// duplicate data off, silence is normal (BlueZ signals nothing for an unchanged advertisement) and restarting
     /// would only make StopDiscovery drop temporary devices.
     private func watchdogTick(interval: Duration, tick: Duration) {
-        let (flush, silent, busy) = state.withLock { s -> ([BlueZDevice], Duration, Bool) in
-            var flush: [BlueZDevice] = []
-            let now = ContinuousClock.now
-            for (path, entry) in s.held where entry.until <= now {
-                flush.append(entry.device)
-                s.held[path] = nil
+        var silent = Duration.zero
+        var busy = false
+        continuation.emit(all: {
+            state.withLock { s -> [BlueZDiscoveryEvent] in
+                var flush: [BlueZDevice] = []
+                let now = ContinuousClock.now
+                for (path, entry) in s.held where entry.until <= now {
+                    flush.append(entry.device)
+                    s.held[path] = nil
+                }
+                flush.sort { $0.path < $1.path }
+                silent = now - s.lastActivity
+                busy = s.restarting != nil || !s.bound || s.stopped
+                return flush.map { .lost($0) }
             }
-            flush.sort { $0.path < $1.path }
-            return (flush, ContinuousClock.now - s.lastActivity, s.restarting != nil || !s.bound || s.stopped)
-        }
-        for d in flush { continuation.yield(.lost(d)) }
+        })
         guard !busy, client.isBluetoothdRunning, let current = client.tree.adapter(at: adapter.path), current.powered
         else { return }
         if mode == .active, !current.discovering, silent > tick {
@@ -539,18 +545,19 @@ public final class BlueZDiscovery: Sendable {
             else { return }
             report(device, advertisement: true)
         case .interfacesRemoved(let path, let names, let previous) where names.contains(BlueZName.device):
-            let lost = state.withLock { s -> BlueZDevice? in
-                guard let first = s.reported.removeValue(forKey: path) else { return nil }
-                let device = previous[BlueZName.device].map { BlueZDevice(path: path, properties: $0) } ?? first
-                // Our own StopDiscovery drops temporary devices: hold them until they come back or stay away.
-                let now = ContinuousClock.now
-                if s.restarting != nil || s.restartEnded.map({ now - $0 < .seconds(2) }) == true {
-                    s.held[path] = (device, now + Self.restartGrace)
-                    return nil
+            continuation.emit {
+                state.withLock { s -> BlueZDiscoveryEvent? in
+                    guard let first = s.reported.removeValue(forKey: path) else { return nil }
+                    let device = previous[BlueZName.device].map { BlueZDevice(path: path, properties: $0) } ?? first
+                    // Our own StopDiscovery drops temporary devices: hold them until they come back or stay away.
+                    let now = ContinuousClock.now
+                    if s.restarting != nil || s.restartEnded.map({ now - $0 < .seconds(2) }) == true {
+                        s.held[path] = (device, now + Self.restartGrace)
+                        return nil
+                    }
+                    return .lost(device)
                 }
-                return device
             }
-            if let lost { continuation.yield(.lost(lost)) }
         case .interfacesRemoved(let path, let names, _) where names.contains(BlueZName.adapter) && path == current:
             adapterRemoved()
         case .propertiesChanged(let path, BlueZName.adapter, let changed, _)
@@ -558,12 +565,13 @@ public final class BlueZDiscovery: Sendable {
             // Powered off: the devices it dropped are gone, whatever our watchdog was doing. A restart that began
             // between Discovering=false and Powered=false (the order bluetoothd, and the simulator, signal them in)
             // held them as dropped by our own StopDiscovery; they are lost now, not 11 s later.
-            let flushed = state.withLock { s -> [BlueZDevice] in
-                let devices = s.held.values.map(\.device).sorted { $0.path < $1.path }
-                s.held = [:]
-                return devices
-            }
-            for d in flushed { continuation.yield(.lost(d)) }
+            continuation.emit(all: {
+                state.withLock { s -> [BlueZDiscoveryEvent] in
+                    let devices = s.held.values.map(\.device).sorted { $0.path < $1.path }
+                    s.held = [:]
+                    return devices.map { .lost($0) }
+                }
+            })
         case .daemonLost(_, let busLost):
             loseAll()
             if busLost {
@@ -588,14 +596,16 @@ public final class BlueZDiscovery: Sendable {
 
     /// Every reported (and held) device is lost.
     private func loseAll() {
-        let lost = state.withLock { s -> [BlueZDevice] in
-            defer {
-                s.reported = [:]
-                s.held = [:]
+        continuation.emit(all: {
+            state.withLock { s -> [BlueZDiscoveryEvent] in
+                defer {
+                    s.reported = [:]
+                    s.held = [:]
+                }
+                let lost = (Array(s.reported.values) + s.held.values.map(\.device)).sorted { $0.path < $1.path }
+                return lost.map { .lost($0) }
             }
-            return (Array(s.reported.values) + s.held.values.map(\.device)).sorted { $0.path < $1.path }
-        }
-        for d in lost { continuation.yield(.lost(d)) }
+        })
     }
 
     /// The adapter left the tree: devices are lost; with a selector, wait for a matching adapter, else end.
@@ -629,22 +639,24 @@ public final class BlueZDiscovery: Sendable {
     private func report(_ device: BlueZDevice, advertisement: Bool) {
         guard advertisement else { return }
         let now = ContinuousClock.now
-        let event: BlueZDiscoveryEvent? = state.withLock { s in
-            guard !s.stopped else { return nil }
-            return Self.report(device, now: now, in: &s, filter: filter)
+        continuation.emit {
+            state.withLock { s in
+                guard !s.stopped else { return nil }
+                return Self.report(device, now: now, in: &s, filter: filter)
+            }
         }
-        if let event { continuation.yield(event) }
     }
 
     /// An advertisement (the client's fast path, on the I/O thread): `report` and the adapter check of `handle` in
     /// one pass under the lock.
     private func advertised(_ device: BlueZDevice) {
         let now = ContinuousClock.now
-        let event: BlueZDiscoveryEvent? = state.withLock { s in
-            guard !s.stopped, s.bound, device.adapterPath == s.adapter.path else { return nil }
-            return Self.report(device, now: now, in: &s, filter: filter)
+        continuation.emit {
+            state.withLock { s in
+                guard !s.stopped, s.bound, device.adapterPath == s.adapter.path else { return nil }
+                return Self.report(device, now: now, in: &s, filter: filter)
+            }
         }
-        if let event { continuation.yield(event) }
     }
 
     private static func report(
@@ -665,7 +677,8 @@ public final class BlueZDiscovery: Sendable {
     /// Events dropped because the consumer fell behind (it got the current devices instead).
     public var droppedEvents: Int { continuation.droppedCount }
 
-    /// Keeps the consumer's view consistent: `appeared` once per device, `lost` only for a device it knows.
+    /// Keeps the view of the consumer of `events` consistent: `appeared` once per device, `lost` only for a device
+    /// it knows (events are made on several threads and queued, and an overflow replaces dropped ones).
     func normalize(_ event: BlueZDiscoveryEvent) -> BlueZDiscoveryEvent? {
         delivered.withLock { known in
             switch event {
@@ -711,8 +724,7 @@ public final class BlueZDiscovery: Sendable {
         }
         let lost: DBusMethodHandler = { [weak self] call in
             if let self, let path = call.arguments.first?.objectPath?.rawValue {
-                let device = self.state.withLock { $0.reported.removeValue(forKey: path) }
-                if let device { self.continuation.yield(.lost(device)) }
+                self.continuation.emit { self.state.withLock { $0.reported.removeValue(forKey: path) }.map { .lost($0) } }
             }
             return .reply([])
         }

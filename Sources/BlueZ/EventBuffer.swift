@@ -21,12 +21,14 @@ final class ResyncingBuffer<Element: Sendable>: Sendable {
     private let state = Mutex(State())
     /// The current state as events, computed when the consumer has caught up after an overflow.
     private let resync: @Sendable () -> [Element]
-    /// Runs on each event in the order the consumer gets it; nil skips the event (already known, or superseded).
+    /// Runs on each queued event in the order the consumer takes it; nil skips the event (already known, or
+    /// superseded). Not used for a direct consumer (see `emit`).
     private let normalize: @Sendable (Element) -> Element?
     /// Called (outside the lock) at the first dropped event of each overflow, with the total dropped so far.
     private let onOverflow: @Sendable (Int) -> Void
-    /// When set, each event is normalised and handed to it at once, on the pushing thread, one at a time and in
-    /// push order: nothing queues, so nothing overflows; `next()` then only waits for the end.
+    /// When set, each event is handed to it at once, on the producing thread, one at a time and in the order the
+    /// events were made (`emit`): nothing queues, so nothing overflows and nothing needs normalising; `next()` then
+    /// only waits for the end.
     private let direct: (@Sendable (Element) -> Void)?
     private let delivering = Mutex(false)
 
@@ -48,20 +50,52 @@ final class ResyncingBuffer<Element: Sendable>: Sendable {
     /// The most events that ever waited at once (never above `capacity`).
     var peakCount: Int { state.withLock { $0.peak } }
 
-    /// Queues `element` (or hands it to the waiting consumer).
     private enum Action {
         case none
         case resume(CheckedContinuation<Element?, Never>)
         case overflow(Int)
     }
 
-    func push(_ element: Element) {
+    /// Makes an event and hands it on as one step. With a direct consumer, `make` runs under the lock each delivery
+    /// takes, so events made on different threads reach the consumer in the order they were made: what the
+    /// consumer was told is then exactly what the producer's state says it was told (a `lost` made on one thread
+    /// cannot overtake the `appeared` made before it on another), which is what `normalize` restores for a
+    /// queue, and it is skipped (a lock and a lookup less per advertisement). `make` must not emit, and must not
+    /// take a lock that is held around an `emit` (the delivery lock comes first). Queued, the event is pushed.
+    func emit(_ make: () -> Element?) {
         if let direct {
             // The flag is the finished state of the direct path, taken under the same lock as each delivery, so
-            // no event reaches the consumer after finish() returned.
+            // no event reaches the consumer after finish() returned. `make` runs also after the end: its changes
+            // to the producer's state are kept.
             delivering.withLock { finished in
-                guard !finished, let e = normalize(element) else { return }
+                guard let e = make(), !finished else { return }
                 direct(e)
+            }
+            return
+        }
+        if let e = make() { push(e) }
+    }
+
+    /// `emit` for several events, in order.
+    func emit(all make: () -> [Element]) {
+        if let direct {
+            delivering.withLock { finished in
+                let events = make()
+                guard !finished else { return }
+                for e in events { direct(e) }
+            }
+            return
+        }
+        for e in make() { push(e) }
+    }
+
+    /// Queues `element` (or hands it to the waiting consumer). A direct consumer gets it at once, not normalised:
+    /// a producer with a direct consumer makes its events with `emit`.
+    func push(_ element: Element) {
+        if let direct {
+            delivering.withLock { finished in
+                guard !finished else { return }
+                direct(element)
             }
             return
         }
@@ -90,8 +124,6 @@ final class ResyncingBuffer<Element: Sendable>: Sendable {
         }
     }
 
-    /// `push`, under the name AsyncStream's continuation has.
-    func yield(_ element: Element) { push(element) }
 
     /// Ends the sequence once the queued events are taken.
     func finish() {

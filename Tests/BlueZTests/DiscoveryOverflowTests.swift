@@ -2,6 +2,7 @@
 // consumer then gets the current devices from the tree, including `lost` for a device removed while its own `lost`
 // event was dropped.
 import DBus
+import Foundation
 import Synchronization
 import TestSupport
 import Testing
@@ -55,19 +56,62 @@ import Testing
 }
 
 @Suite struct ResyncingBufferDirectTests {
-    @Test func aDirectConsumerGetsEachEventAtOnceNormalisedAndNothingAfterFinish() async throws {
+    @Test func aDirectConsumerGetsEachEventAtOnceAsMadeAndNothingAfterFinish() async throws {
         let got = Mutex<[Int]>([])
+        // The normalisation is the queue's: a direct consumer gets what the producer made.
         let buffer = ResyncingBuffer<Int>(
-            capacity: 1, resync: { [] }, normalize: { $0 % 2 == 0 ? $0 : nil },
-            direct: { v in got.withLock { $0.append(v) } })
-        for i in 0..<10 { buffer.push(i) }
+            capacity: 1, resync: { [] }, normalize: { _ in nil }, direct: { v in got.withLock { $0.append(v) } })
+        for i in 0..<10 { buffer.emit { i % 2 == 0 ? i : nil } }
         // Far beyond the capacity of 1, and nothing dropped: no queue is involved.
         #expect(got.withLock { $0 } == [0, 2, 4, 6, 8])
         #expect(buffer.droppedCount == 0)
         buffer.finish()
-        buffer.push(10)
+        let made = Mutex(false)
+        buffer.emit {
+            made.withLock { $0 = true }
+            return 10
+        }
+        buffer.push(11)
+        #expect(made.withLock { $0 }, "what the producer does while making the event is still done after the end")
         #expect(got.withLock { $0 } == [0, 2, 4, 6, 8], "nothing reaches the consumer after finish()")
         #expect(await buffer.next() == nil, "the sequence only ends")
+    }
+
+    /// Four threads make numbered events from one counter: the consumer gets them in the order they were made
+    /// (with a push after making, a thread that took a number could be overtaken by one that took the next).
+    @Test func eventsMadeOnSeveralThreadsReachTheConsumerInTheOrderTheyWereMade() async throws {
+        let got = Mutex<[Int]>([])
+        let counter = Mutex(0)
+        let buffer = ResyncingBuffer<Int>(capacity: 1, resync: { [] }, direct: { v in got.withLock { $0.append(v) } })
+        let threads = (0..<4).map { _ in
+            Thread {
+                for _ in 0..<2_000 {
+                    buffer.emit {
+                        counter.withLock { n in
+                            n += 1
+                            return n
+                        }
+                    }
+                }
+            }
+        }
+        for t in threads { t.start() }
+        try await eventually(20, "8,000 events") { got.withLock { $0.count } == 8_000 }
+        #expect(got.withLock { $0 } == Array(1...8_000))
+    }
+
+    @Test func emitAllDeliversTheEventsOfOneStepTogetherAndQueuesThemWithoutAConsumer() async throws {
+        let got = Mutex<[Int]>([])
+        let direct = ResyncingBuffer<Int>(capacity: 1, resync: { [] }, direct: { v in got.withLock { $0.append(v) } })
+        direct.emit(all: { [3, 1, 2] })
+        #expect(got.withLock { $0 } == [3, 1, 2])
+        let queued = ResyncingBuffer<Int>(capacity: 8, resync: { [] }, normalize: { $0 == 1 ? nil : $0 })
+        queued.emit(all: { [3, 1, 2] })
+        queued.emit { 4 }
+        queued.finish()
+        var taken: [Int] = []
+        while let v = await queued.next() { taken.append(v) }
+        #expect(taken == [3, 2, 4], "queued events are normalised as they are taken")
     }
 }
 

@@ -8,24 +8,54 @@ import Testing
 
 @testable import BlueZ
 
-/// Collects a discovery's events in the background.
+/// Collects a discovery's events in the background: from its `events` stream, or, for a discovery started with a
+/// consumer (the bridge's way), from `consumer` as they are delivered on the D-Bus I/O thread.
 final class EventLog: Sendable {
     final class Store: Sendable {
         let events = Mutex<[BlueZDiscoveryEvent]>([])
         let ended = Mutex(false)
     }
     private let store = Store()
-    private let task: Task<Void, Never>
+    private let task = Mutex<Task<Void, Never>?>(nil)
 
-    init(_ discovery: BlueZDiscovery) {
+    /// A log of `discovery.events`.
+    convenience init(_ discovery: BlueZDiscovery) {
+        self.init()
+        follow(discovery, recording: true)
+    }
+
+    /// A log for a direct consumer: pass `consumer` to `startDiscovery`, then `follow` the discovery.
+    init() {}
+
+    /// Records each event delivered to it.
+    var consumer: @Sendable (BlueZDiscoveryEvent) -> Void {
         let store = self.store
-        task = Task {
-            for await e in discovery.events { store.events.withLock { $0.append(e) } }
-            store.ended.withLock { $0 = true }
+        return { e in store.events.withLock { $0.append(e) } }
+    }
+
+    /// Watches `discovery` (its events when `recording`, else only its end).
+    func follow(_ discovery: BlueZDiscovery, recording: Bool = false) {
+        let store = self.store
+        task.withLock {
+            $0 = Task {
+                for await e in discovery.events where recording { store.events.withLock { $0.append(e) } }
+                store.ended.withLock { $0 = true }
+            }
         }
     }
 
-    deinit { task.cancel() }
+    /// Starts a discovery on `t`'s adapter whose events this log records: through a consumer when `direct`.
+    static func start(
+        _ t: SimClient, direct: Bool, filter: BlueZDiscoveryFilter
+    ) async throws -> (BlueZDiscovery, EventLog) {
+        let log = EventLog()
+        let adapter = try await t.adapter
+        let discovery = try await t.client.startDiscovery(on: adapter, filter: filter, consumer: direct ? log.consumer : nil)
+        log.follow(discovery, recording: !direct)
+        return (discovery, log)
+    }
+
+    deinit { task.withLock { $0?.cancel() } }
 
     var all: [BlueZDiscoveryEvent] { store.events.withLock { $0 } }
     var isEnded: Bool { store.ended.withLock { $0 } }
@@ -48,12 +78,13 @@ final class EventLog: Sendable {
 }
 
 @Suite struct DiscoveryRestartTests {
-    @Test func staticBeaconWithoutDuplicateDataIsNeitherRestartedNorLost() async throws {
+    /// `direct`: the events go to a consumer on the I/O thread (the bridge's way) instead of the `events` stream.
+    @Test(arguments: [false, true]) func staticBeaconWithoutDuplicateDataIsNeitherRestartedNorLost(direct: Bool)
+        async throws
+    {
         let t = try await SimClient()
-        let discovery = try await t.client.startDiscovery(
-            on: try await t.adapter,
-            filter: BlueZDiscoveryFilter(serviceUUIDs: ["FEAA"], watchdogInterval: .milliseconds(200)))
-        let log = EventLog(discovery)
+        let (discovery, log) = try await EventLog.start(
+            t, direct: direct, filter: BlueZDiscoveryFilter(serviceUUIDs: ["FEAA"], watchdogInterval: .milliseconds(200)))
         try await eventually(10, "the beacon") { log.story(beacon).first == "appeared" }
         // BlueZ signals nothing for an advertisement that does not change: that silence is normal. A second
         // discovery with the same filter and watchdog but DuplicateData on takes the same silence for a stuck scan
@@ -72,13 +103,12 @@ final class EventLog: Sendable {
         await discovery.stop()
     }
 
-    @Test func ownRestartNeverReportsADeviceLost() async throws {
+    @Test(arguments: [false, true]) func ownRestartNeverReportsADeviceLost(direct: Bool) async throws {
         let t = try await SimClient()
-        let discovery = try await t.client.startDiscovery(
-            on: try await t.adapter,
+        let (discovery, log) = try await EventLog.start(
+            t, direct: direct,
             filter: BlueZDiscoveryFilter(
                 serviceUUIDs: ["FEAA"], duplicateData: true, watchdogInterval: .milliseconds(250)))
-        let log = EventLog(discovery)
         try await eventually(10, "the beacon") { log.story(beacon).first == "appeared" }
         // The beacon carries no data to re-signal, so the watchdog restarts the silent scan; each StopDiscovery
         // drops the temporary, non-connectable beacon from BlueZ, and it comes back with its next advertisement.
@@ -130,12 +160,16 @@ final class EventLog: Sendable {
         #expect(removed == "hci0")
     }
 
-    @Test func selectorDiscoveryRebindsWhenTheAdapterComesBackUnderANewName() async throws {
+    @Test(arguments: [false, true]) func selectorDiscoveryRebindsWhenTheAdapterComesBackUnderANewName(direct: Bool)
+        async throws
+    {
         let t = try await SimClient()
+        let log = EventLog()
         let discovery = try await t.client.startDiscovery(
-            onAdapter: .address("00:1A:7D:DA:71:10"), filter: BlueZDiscoveryFilter(watchdogInterval: nil))
+            onAdapter: .address("00:1A:7D:DA:71:10"), filter: BlueZDiscoveryFilter(watchdogInterval: nil),
+            consumer: direct ? log.consumer : nil)
+        log.follow(discovery, recording: !direct)
         #expect(discovery.adapter.name == "hci0")
-        let log = EventLog(discovery)
         try await eventually(10, "the beacon") { log.story(beacon).first == "appeared" }
         try await t.simulator("RemoveAdapter", [.string("hci0")])
         try await eventually(5, "the beacon lost") { log.story(beacon).last == "lost" }
