@@ -679,13 +679,16 @@ public final class Bridge: Sendable {
         }
     }
 
+    /// Once a second: gateway coordination, streams to end (handed over, silent), passive devices gone offline.
+    /// One pass over the devices with one lock each: with 500 passive advertisers, a pass per check (and the device
+    /// list made for each) was most of what the process did besides the advertisements themselves.
     func tick() {
         let now = clock.now
         engine.withLock { $0.heartbeat = ContinuousClock.now }
         let c = config
+        let all = records
         if let g = coordination {
             let wall = clock.wallClock
-            let all = records
             // An earlier run's link that no other gateway's claim holds: only this radio can hear the device.
             if g.isSubscribed {
                 for r in all {
@@ -704,11 +707,12 @@ public final class Bridge: Sendable {
             let passive = all.filter { $0.config.mode == .passive }.map(\.id)
             apply(g.evaluate(served, passive: passive, wall: clock.wallClock))
         }
-        watchStreams()
-        for r in records {
-            let (mode, online, lastAdvert, interval) = r.data.withLock { d in
-                (r.config.mode, d.online, d.lastAdvert, d.advertInterval)
+        for r in all {
+            let mode = r.config.mode
+            let (end, online, lastAdvert, interval) = r.data.withLock { d in
+                (Self.streamToEnd(&d, now: now), d.online, d.lastAdvert, d.advertInterval)
             }
+            if let (watch, reason) = end { watch.ends.yield(reason) }
             if mode == .passive || mode == .onDemand, online == true, let lastAdvert {
                 let timeout = passiveTimeout(r.config, interval: interval, settings: c.availability)
                 if now - lastAdvert > timeout {

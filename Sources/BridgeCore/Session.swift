@@ -539,25 +539,19 @@ extension Bridge {
         return end
     }
 
-    /// Part of the tick: ends the stream of each device that another gateway serves now, or whose subscription
-    /// went silent (each stream is told once).
-    func watchStreams() {
-        let now = clock.now
-        for r in records {
-            let told = r.data.withLock { d -> (StreamWatch, StreamEnd)? in
-                guard let watch = d.streamWatch else { return nil }
-                if let to = d.handOverTo {
-                    d.streamWatch = nil
-                    return (watch, .handedOver(to))
-                }
-                if watch.silence, let silent = Self.silentCharacteristic(d, now: now, factor: watch.factor) {
-                    d.streamWatch = nil
-                    return (watch, .silent(silent.0, silent.1))
-                }
-                return nil
-            }
-            if let (watch, end) = told { watch.ends.yield(end) }
+    /// Part of the tick, under the device's lock: ends the stream of a device that another gateway serves now, or
+    /// whose subscription went silent (each stream is told once). Returns the stream to tell, and why.
+    static func streamToEnd(_ d: inout DeviceData, now: Duration) -> (StreamWatch, StreamEnd)? {
+        guard d.streamWatch != nil, let watch = d.streamWatch else { return nil }
+        if let to = d.handOverTo {
+            d.streamWatch = nil
+            return (watch, .handedOver(to))
         }
+        if watch.silence, let silent = silentCharacteristic(d, now: now, factor: watch.factor) {
+            d.streamWatch = nil
+            return (watch, .silent(silent.0, silent.1))
+        }
+        return nil
     }
 
     /// A characteristic whose notifications stopped for `factor` × its usual interval (at least 10 s), if any.
