@@ -442,7 +442,22 @@ final class ClientCore: Sendable {
         buffers.attach(mosquitto_socket(raw))
         defer { buffers.detach() }
         var lastWake: UInt64 = 0
+        // Under load (readable again within two gathering intervals), what the broker sends comes in a stream:
+        // chiefly one PUBACK per QoS 1 publish. The loop then waits out a gathering interval after a read and
+        // before its next poll, so that one read (one recv(2), with the read buffer) takes every acknowledgement
+        // of that interval, and the poll finds them there without blocking: one wake-up per interval. (Waiting
+        // after the poll had woken the thread cost a second wake-up, and a fifth of the thread's CPU, bench/bridge.sh
+        // passive.) At low rates, and for the first packet after a quiet spell, nothing waits. It adds at most that
+        // interval to an incoming command's way under load; the in-flight window covers the acknowledgements held
+        // back, so outgoing messages do not wait for it.
+        var gather = false
         while !stopping {
+            // With half the window in flight, acknowledgements are read at once: held back, they would hold back
+            // publishes (a broker's Receive Maximum can be as small as mosquitto's default of 20).
+            if gather && state.withLock({ $0.inflight }) * 2 < window {
+                clinux_sleep_ns(CUnsignedLongLong(ClientCore.readGatherNanoseconds))
+            }
+            gather = false
             let socket = mosquitto_socket(raw)
             guard socket >= 0 else {
                 let failure = callerWriteFailure.exchange(0, ordering: .relaxed)
@@ -460,20 +475,8 @@ final class ClientCore: Sendable {
             }
             if buffered { fd.revents |= Int16(POLLIN) }
             if fd.revents != 0 && mosquitto_socket(raw) >= 0 {
-                // Under load (readable again within two intervals), what the broker sends comes in a stream: chiefly
-                // one PUBACK per QoS 1 publish. Waiting out a gathering interval before reading lets one wake-up (and
-                // one recv(2), with the read buffer) take every acknowledgement of that interval; at low rates (and
-                // for the first packet after a quiet spell) nothing waits. It adds at most that interval to an
-                // incoming command's way under load; the in-flight window covers the acknowledgements held back,
-                // so outgoing messages do not wait for it.
                 let wake = UInt64(clinux_monotonic_ns())
-                // With half the window in flight, acknowledgements are read at once: held back, they would hold
-                // back publishes (a broker's Receive Maximum can be as small as mosquitto's default of 20).
-                if wake &- lastWake < 2 * ClientCore.readGatherNanoseconds
-                    && state.withLock({ $0.inflight }) * 2 < window
-                {
-                    clinux_sleep_ns(CUnsignedLongLong(ClientCore.readGatherNanoseconds))
-                }
+                gather = wake &- lastWake < 2 * ClientCore.readGatherNanoseconds
                 lastWake = wake
                 // Read everything that came, not one packet per wake-up (which under load, with the wait above,
                 // caps acknowledgements at about 1,000/s and fills the in-flight window). libmosquitto stops a call
@@ -565,7 +568,7 @@ final class ClientCore: Sendable {
     /// of a core); keepalive pings (`mosquitto_loop_misc`) need a call only every few seconds.
     static let ownLoopPoll: Int32 = 250
 
-    /// How long the plain-TCP loop gathers what the broker sends before reading it, under load (see
+    /// How long the plain-TCP loop lets what the broker sends gather between reads, under load (see
     /// `serviceConnection`). 4 ms: at 5,000 QoS 1 publishes a second, 250 wake-ups instead of 1,000 (measured with
     /// bench/bridge.sh on 2026-12-04, together with the notify reader's 2 ms rounds and the read buffer: 29-35 ->
     /// 17-25 µs per notification).
