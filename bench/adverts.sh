@@ -13,17 +13,20 @@
 # process's threads. Target (issue #9): ratio ≤ 1.3 with zero lost. Exits 0 even when the target is missed.
 #
 #   bench/adverts.sh [--sizes 50,500] [--interval 0.1] [--notify 10x50,100x50] [--window 20] [--settle 3]
-#                    [--count-allocations]
+#                    [--count-allocations] [--plain]
 # --sizes '' or --notify '' skips that path. --count-allocations preloads bench/malloc-count.c into ours and prints
 # its heap allocations per event (the counter's atomic add per allocation costs a little CPU, so the CPU figures of
 # such a run are not the ones to quote).
-# SWIFT_BUILD_FLAGS (for example "-Xswiftc -cross-module-optimization") is passed to the release builds.
+# bench-adverts is built the way the bridge ships (deploy/build-release.sh --product bench-adverts: static Swift
+# runtime, the bridge's functions laid out together, in .build/shipped), so that the BlueZ layer measured is the
+# code users run; --plain measures a plain `swift build -c release` build instead (about 2-4 % more CPU per signal,
+# 2026-12-05). SWIFT_BUILD_FLAGS (for example "-Xswiftc -cross-module-optimization") is passed to the plain builds.
 # OURS_BIN=PATH measures another bench-adverts binary (an older build, for a before/after in the same hour).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d /opt/swift/usr/bin ] && export PATH="/opt/swift/usr/bin:$PATH"
 
-SIZES="50,500" INTERVAL=0.1 WINDOW=20 SETTLE=3 COUNT_ALLOCATIONS=0 NOTIFY="10x50,100x50"
+SIZES="50,500" INTERVAL=0.1 WINDOW=20 SETTLE=3 COUNT_ALLOCATIONS=0 NOTIFY="10x50,100x50" PLAIN=0
 # bench/bridge-gen.py's notify characteristic (a u32le counter).
 NOTIFY_UUID=6e40aa01-b5a3-f393-e0a9-e50e24dcca9e
 while [ $# -gt 0 ]; do
@@ -34,7 +37,8 @@ while [ $# -gt 0 ]; do
         --window) WINDOW="${2:?}"; shift 2 ;;
         --settle) SETTLE="${2:?}"; shift 2 ;;
         --count-allocations) COUNT_ALLOCATIONS=1; shift ;;
-        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+        --plain) PLAIN=1; shift ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         *) echo "bench/adverts.sh: unknown option $1 (see --help)" >&2; exit 64 ;;
     esac
 done
@@ -49,8 +53,20 @@ for product in bluez-sim bench-adverts; do
         exit 1
     fi
 done
-rm -f "/tmp/bench-adverts-build-$$.log"
 BIN="$(swift build -c release --show-bin-path)"
+OURS="$BIN/bench-adverts"
+if [ "$PLAIN" = 0 ] && [ -z "${OURS_BIN:-}" ]; then
+    if ! OURS="$(BLEBRIDGE_SCRATCH="$PWD/.build/shipped" bash deploy/build-release.sh --product bench-adverts \
+        2>"/tmp/bench-adverts-build-$$.log")"; then
+        grep -vE '^\[[0-9]+/[0-9]+\]' "/tmp/bench-adverts-build-$$.log" | tail -20 >&2
+        rm -f "/tmp/bench-adverts-build-$$.log"
+        echo "shipped-flags build of bench-adverts failed" >&2
+        exit 1
+    fi
+fi
+rm -f "/tmp/bench-adverts-build-$$.log"
+OURS="${OURS_BIN:-$OURS}"
+echo "== ours: $OURS" >&2
 
 WORK="$(mktemp -d)"
 PIDS=()
@@ -105,7 +121,7 @@ measure() {
     "$WORK/dbus-ref" --bus "$address" --out "$dir/ref.rec" >"$dir/ref.out" 2>&1 &
     ref=$!
     PIDS+=("$ref")
-    LD_PRELOAD="$PRELOAD" "${OURS_BIN:-$BIN/bench-adverts}" --bus "$address" --out "$dir/ours.rec" "$@" \
+    LD_PRELOAD="$PRELOAD" "$OURS" --bus "$address" --out "$dir/ours.rec" "$@" \
         >"$dir/ours.out" 2>&1 &
     ours=$!
     PIDS+=("$ours")

@@ -17,7 +17,15 @@
 #                              must be, and the linker exports those by itself because libmosquitto refers to them
 # Progress goes to stderr, the path to stdout. BLEBRIDGE_SCRATCH=DIR builds in DIR instead of .build (the benchmarks
 # keep the shipped build apart from their own release build, so neither rebuilds the other).
+# --product NAME builds another product of the package the same way (bench/adverts.sh measures the BlueZ layer as
+# the bridge ships it: bench-adverts).
 set -euo pipefail
+product=blebridge
+if [ "${1:-}" = "--product" ]; then
+    product="${2:?build-release.sh: --product needs a name}"
+    shift 2
+fi
+[ $# -eq 0 ] || { echo "build-release.sh: unknown argument $1 (usage: build-release.sh [--product NAME])" >&2; exit 64; }
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 if ! command -v swift >/dev/null 2>&1 && [ -x /opt/swift/usr/bin/swift ]; then
     export PATH="/opt/swift/usr/bin:$PATH"
@@ -58,7 +66,7 @@ flags=(-c release --static-swift-stdlib --disable-local-rpath -Xlinker -z -Xlink
 [ -n "${BLEBRIDGE_SCRATCH:-}" ] && flags+=(--scratch-path "$BLEBRIDGE_SCRATCH")
 cd "$repo"
 bin="$(swift build "${flags[@]}" --show-bin-path)"
-built="$bin/blebridge"
+built="$bin/$product"
 # SwiftPM keeps the objects of a module whose sources did not change when -Xswiftc/-Xcc flags did (they would lack
 # their function sections): a build directory last used with other flags is compiled afresh.
 stamp="$bin/.build-release-flags"
@@ -71,7 +79,7 @@ fi
 for f in "$order" "$layout/symbols" "$layout/helpers.ld"; do
     if [ "$built" -ot "$f" ]; then rm -f "$built"; fi
 done
-echo "build-release.sh: swift build ${flags[*]} --product blebridge" >&2
-swift build "${flags[@]}" --product blebridge >&2
+echo "build-release.sh: swift build ${flags[*]} --product $product" >&2
+swift build "${flags[@]}" --product "$product" >&2
 echo "${flags[*]}" >"$stamp"
 echo "$built"
