@@ -125,20 +125,24 @@ signal(SIGINT, SIG_IGN)
 let stopSources = [SIGTERM, SIGINT].map { number -> any DispatchSourceSignal in
     let source = DispatchSource.makeSignalSource(signal: number, queue: .main)
     source.setEventHandler {
+        // Every count is taken before the file is written: events keep coming while it is, and writing it
+        // allocates (a string per line), which the allocation figure must not include.
         let n = recorder.count.load(ordering: .acquiring)
+        let decoded = recorder.decoded.load(ordering: .relaxed)
+        let errors = recorder.errors.load(ordering: .relaxed)
+        let foreign = recorder.foreign.load(ordering: .relaxed)
+        let allocated = allocationCounter?()
+        var allocations = ""
+        let base = recorder.baseline.load(ordering: .relaxed)
+        if let allocated, base > 0, n > 1000 {
+            let per = Double(allocated - base) / Double(n - 1000)
+            allocations = ", \((per * 10).rounded() / 10) allocations per event"
+        }
         guard let f = fopen(out, "w") else { fail("cannot write \(out)") }
         for i in 0..<n { fputs("d \(recorder.t[i]) \(recorder.device[i]) \(recorder.key[i])\n", f) }
         fclose(f)
-        var allocations = ""
-        let base = recorder.baseline.load(ordering: .relaxed)
-        if let count = allocationCounter, base > 0, n > 1000 {
-            let per = Double(count() - base) / Double(n - 1000)
-            allocations = ", \((per * 10).rounded() / 10) allocations per event"
-        }
-        let foreign = recorder.foreign.load(ordering: .relaxed)
         say(
-            "\(n) events, \(recorder.decoded.load(ordering: .relaxed)) decoded, "
-                + "\(recorder.errors.load(ordering: .relaxed)) rejected\(allocations)"
+            "\(n) events, \(decoded) decoded, \(errors) rejected\(allocations)"
                 + (foreign > 0 ? ", \(foreign) not recorded (delivered on another thread)" : ""))
         exit(0)
     }
