@@ -124,7 +124,6 @@ final class ResyncingBuffer<Element: Sendable>: Sendable {
         }
     }
 
-
     /// Ends the sequence once the queued events are taken.
     func finish() {
         if direct != nil { delivering.withLock { $0 = true } }

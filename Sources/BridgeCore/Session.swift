@@ -542,7 +542,7 @@ extension Bridge {
     /// Part of the tick, under the device's lock: ends the stream of a device that another gateway serves now, or
     /// whose subscription went silent (each stream is told once). Returns the stream to tell, and why.
     static func streamToEnd(_ d: inout DeviceData, now: Duration) -> (StreamWatch, StreamEnd)? {
-        guard d.streamWatch != nil, let watch = d.streamWatch else { return nil }
+        guard let watch = d.streamWatch else { return nil }
         if let to = d.handOverTo {
             d.streamWatch = nil
             return (watch, .handedOver(to))
