@@ -647,7 +647,11 @@ public final class Bridge: Sendable {
             var changed = false
             // The parser's declared fields are asked for only when a field is new (a parser may build them per call).
             var declared: [GATTFieldDescriptor]?
-            for field in reading.fields where !d.advertFields.contains(where: { $0.name == field.name }) {
+            // A parser gives its fields in the same order every time: the k-th is looked at first.
+            for (k, field) in reading.fields.enumerated()
+            where !(k < d.advertFields.count && d.advertFields[k].name == field.name)
+                && !d.advertFields.contains(where: { $0.name == field.name })
+            {
                 if declared == nil { declared = parser.fields }
                 let descriptor =
                     declared?.first { $0.name == field.name } ?? GATTFieldDescriptor.inferred(fromName: field.name)

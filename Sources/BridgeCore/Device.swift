@@ -96,9 +96,12 @@ final class DeviceRecord: Sendable {
     /// Merges fields into the state (later values replace earlier ones, new names are appended).
     func merge(_ reading: GATTReading, now: Duration, wall: Double) {
         data.withLock { d in
-            for field in reading.fields {
+            for (k, field) in reading.fields.enumerated() {
                 let value = JSONValue(field.value)
-                if let i = d.fields.firstIndex(where: { $0.0 == field.name }) {
+                // A parser gives its fields in the same order every time: the k-th is looked at first.
+                if k < d.fields.count, d.fields[k].0 == field.name {
+                    d.fields[k].1 = value
+                } else if let i = d.fields.firstIndex(where: { $0.0 == field.name }) {
                     d.fields[i].1 = value
                 } else {
                     d.fields.append((field.name, value))

@@ -54,4 +54,25 @@ import Testing
         ])
         #expect(record.stateJSON() == expected.bytes)
     }
+
+    /// `merge` looks at the k-th field first (a parser repeats its order); readings of other sources, or in
+    /// another order, still replace the field of that name and append only new names.
+    @Test func mergeKeepsOneFieldPerNameInFirstSeenOrder() {
+        let config = DeviceConfig(
+            id: "d", friendlyName: nil, match: DeviceMatch(address: nil), mode: .passive, subscribe: [], poll: [],
+            pollInterval: .seconds(300), writable: [], debounce: nil, throttle: nil, retain: nil, qos: -1,
+            output: .json, bindKey: nil, availabilityTimeout: nil, index: -1)
+        let record = DeviceRecord(id: "d", config: config, address: nil)
+        func merge(_ fields: [(String, Int64)]) {
+            record.merge(GATTReading(fields.map { GATTField($0.0, .int($0.1)) }), now: .seconds(1), wall: 0)
+        }
+        merge([("a", 1), ("b", 2), ("c", 3)])
+        merge([("a", 4), ("b", 5), ("c", 6)])  // same order
+        merge([("battery", 90)])  // another source: its k-th is not there
+        merge([("c", 7), ("a", 8)])  // another order
+        merge([("b", 9), ("battery", 80), ("d", 10)])
+        let fields = record.data.withLock { $0.fields.map { ($0.0, $0.1) } }
+        #expect(fields.map(\.0) == ["a", "b", "c", "battery", "d"])
+        #expect(fields.map(\.1) == [.int(8), .int(9), .int(7), .int(80), .int(10)])
+    }
 }
