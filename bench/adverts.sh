@@ -44,7 +44,10 @@ while [ $# -gt 0 ]; do
 done
 
 echo "== build (release)" >&2
-for product in bluez-sim bench-adverts; do
+# The plain bench-adverts only with --plain: by default ours is the shipped-flags build below (OURS_BIN: a ready one).
+products="bluez-sim"
+[ "$PLAIN" = 1 ] && products="$products bench-adverts"
+for product in $products; do
     # shellcheck disable=SC2086
     if ! swift build -c release --product "$product" ${SWIFT_BUILD_FLAGS:-} >"/tmp/bench-adverts-build-$$.log" 2>&1; then
         grep -vE '^\[[0-9]+/[0-9]+\]' "/tmp/bench-adverts-build-$$.log" | tail -20 >&2

@@ -92,11 +92,8 @@ final class ResyncingBuffer<Element: Sendable>: Sendable {
     /// Queues `element` (or hands it to the waiting consumer). A direct consumer gets it at once, not normalised:
     /// a producer with a direct consumer makes its events with `emit`.
     func push(_ element: Element) {
-        if let direct {
-            delivering.withLock { finished in
-                guard !finished else { return }
-                direct(element)
-            }
+        if direct != nil {
+            emit { element }
             return
         }
         let action = state.withLock { s -> Action in

@@ -4,6 +4,15 @@ import Testing
 
 @testable import BridgeCore
 
+/// A passive device's record with the defaults, nothing merged yet.
+private func passiveRecord() -> DeviceRecord {
+    let config = DeviceConfig(
+        id: "d", friendlyName: nil, match: DeviceMatch(address: nil), mode: .passive, subscribe: [], poll: [],
+        pollInterval: .seconds(300), writable: [], debounce: nil, throttle: nil, retain: nil, qos: -1,
+        output: .json, bindKey: nil, availabilityTimeout: nil, index: -1)
+    return DeviceRecord(id: "d", config: config, address: nil)
+}
+
 @Suite struct HotPathJSONTests {
     @Test func timestampsMatchISO8601() {
         let samples: [Double] = [
@@ -38,11 +47,7 @@ import Testing
     }
 
     @Test func stateJSONMatchesTheObjectItStandsFor() {
-        let config = DeviceConfig(
-            id: "d", friendlyName: nil, match: DeviceMatch(address: nil), mode: .passive, subscribe: [], poll: [],
-            pollInterval: .seconds(300), writable: [], debounce: nil, throttle: nil, retain: nil, qos: -1,
-            output: .json, bindKey: nil, availabilityTimeout: nil, index: -1)
-        let record = DeviceRecord(id: "d", config: config, address: nil)
+        let record = passiveRecord()
         #expect(record.stateJSON() == JSONValue.object([]).bytes)
         record.merge(
             GATTReading([GATTField("temperature", .double(21.5)), GATTField("count", .int(3))]), now: .seconds(1),
@@ -58,11 +63,7 @@ import Testing
     /// `merge` looks at the k-th field first (a parser repeats its order); readings of other sources, or in
     /// another order, still replace the field of that name and append only new names.
     @Test func mergeKeepsOneFieldPerNameInFirstSeenOrder() {
-        let config = DeviceConfig(
-            id: "d", friendlyName: nil, match: DeviceMatch(address: nil), mode: .passive, subscribe: [], poll: [],
-            pollInterval: .seconds(300), writable: [], debounce: nil, throttle: nil, retain: nil, qos: -1,
-            output: .json, bindKey: nil, availabilityTimeout: nil, index: -1)
-        let record = DeviceRecord(id: "d", config: config, address: nil)
+        let record = passiveRecord()
         func merge(_ fields: [(String, Int64)]) {
             record.merge(GATTReading(fields.map { GATTField($0.0, .int($0.1)) }), now: .seconds(1), wall: 0)
         }
