@@ -49,6 +49,10 @@ public final class Bridge: Sendable {
         var heartbeat = ContinuousClock.now
         var lastMQTTFailure: String?
         var scanning: Set<String> = []
+        /// The command topics (and the rest of `subscribeCommands`) are subscribed: until then `bridge/state`
+        /// online waits (`birthWaiting`), so that a client that acts on it is heard.
+        var commandsSubscribed = false
+        var birthWaiting = false
     }
 
     /// Counters for `bridge/health` and metrics.

@@ -18,14 +18,17 @@ extension Bridge {
             if Task.isCancelled { return }
             switch state {
             case .connected:
-                let first = engine.withLock { s -> Bool in
+                // Birth once the subscriptions are made: `bridge/state` online tells a client that the bridge hears
+                // commands now. (On a reconnection the transport has sent them again before it says connected.)
+                let birth = engine.withLock { s -> Bool in
                     let was = s.mqttConnected
                     s.mqttConnected = true
-                    return !was
+                    s.lastMQTTFailure = nil
+                    if !was && !s.commandsSubscribed { s.birthWaiting = true }
+                    return !was && s.commandsSubscribed
                 }
                 logger.info("MQTT connected to \(config.mqtt.url)")
-                engine.withLock { $0.lastMQTTFailure = nil }
-                if first { publishBirth() }
+                if birth { publishBirth() }
             case .connecting:
                 break
             case .disconnected(let reason):
@@ -85,6 +88,12 @@ extension Bridge {
             }
         }
         coordination?.subscribed()
+        let birth = engine.withLock { s -> Bool in
+            s.commandsSubscribed = true
+            defer { s.birthWaiting = false }
+            return s.birthWaiting && s.mqttConnected
+        }
+        if birth { publishBirth() }
     }
 
     /// Multi-gateway mode: a passive device's state (remembered, so a reading is published once) or availability

@@ -10,6 +10,9 @@ public final class PeripheralBridge: Sendable {
     let logger: Logger
     let gatewayName: String
     let connected = Mutex(false)
+    /// Whether the source topics are subscribed, and whether `bridge/state` online waits for that: it tells a
+    /// client that values published from now on are served.
+    let birth = Mutex((subscribed: false, waiting: false))
     /// The peripheral service (nil when the configuration has no `peripheral:` section).
     public let service: PeripheralService?
 
@@ -61,10 +64,11 @@ public final class PeripheralBridge: Sendable {
                 for await state in self.mqtt.states() {
                     let up = state == .connected
                     self.connected.withLock { $0 = up }
-                    if up {
-                        self.publish(self.topics.bridgeState, .object([("state", .string("online"))]))
-                        self.publishInfo()
+                    let now = up && self.birth.withLock { b -> Bool in
+                        if !b.subscribed { b.waiting = true }
+                        return b.subscribed
                     }
+                    if now { self.publishBirth() }
                 }
             }
             group.addTask {
@@ -75,6 +79,12 @@ public final class PeripheralBridge: Sendable {
                         self.logger.error("cannot subscribe to \(topic): \(error); its values are not served")
                     }
                 }
+                let waiting = self.birth.withLock { b -> Bool in
+                    b.subscribed = true
+                    defer { b.waiting = false }
+                    return b.waiting
+                }
+                if waiting && self.connected.withLock({ $0 }) { self.publishBirth() }
             }
             group.addTask {
                 for await message in incoming {
@@ -92,6 +102,12 @@ public final class PeripheralBridge: Sendable {
         }
         publish(topics.bridgeState, .object([("state", .string("offline"))]))
         logger.info("stopped")
+    }
+
+    /// `bridge/state` online and `bridge/info`.
+    func publishBirth() {
+        publish(topics.bridgeState, .object([("state", .string("online"))]))
+        publishInfo()
     }
 
     func publishInfo() {

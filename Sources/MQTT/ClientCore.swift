@@ -1031,13 +1031,15 @@ final class ClientCore: Sendable {
             }
             return (list, sessionPresent ? state.pendingUnsubscribes : [])
         }
-        states.yield(.connected(sessionPresent: sessionPresent))
         for filter in unsubscribe {
             _ = sendUnsubscribe(filter: filter, completion: Completion<Void>())  // nobody waits
         }
         for (filter, qos) in resubscribe {
             _ = sendSubscribe(filter: filter, qos: qos, completion: nil)
         }
+        // Said after the subscriptions went out: what a reader of `states` publishes on hearing it follows them on
+        // the connection, so the broker has them before anyone can answer it.
+        states.yield(.connected(sessionPresent: sessionPresent))
         firstOutcome.complete(.success(()))
         drainIfNeeded()
     }

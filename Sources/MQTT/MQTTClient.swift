@@ -104,6 +104,8 @@ public final class MQTTClient: Sendable {
 
     /// The connection states: the current one first, then each change, ending after `.stopped`. A reader that falls
     /// more than 64 states behind loses the oldest ones (a stream nobody reads does not grow without bound).
+    /// `.connected` comes after the connection's subscriptions were sent again: a message published on hearing it
+    /// reaches the broker after them.
     public func connectionStates() -> MQTTConnectionStateStream {
         // The current state is read under the broadcaster's lock: read before it, a change made in between was lost.
         MQTTConnectionStateStream(

@@ -1,6 +1,7 @@
 // Home Assistant device discovery, the bridge's birth on (re)connect, and shutdown.
 import BridgeCore
 import GATT
+import Logging
 import Testing
 
 @Suite struct HomeAssistantDiscoveryTests {
@@ -124,6 +125,44 @@ import Testing
 }
 
 @Suite struct LifecycleTests {
+    /// `bridge/state` online tells a client the bridge hears it: it is published after the command topics are
+    /// subscribed, not when the broker connection comes up (a `/set` sent on seeing it was lost otherwise).
+    @Test func birthWaitsForTheCommandSubscriptions() async throws {
+        let config = try BridgeConfig.load(text: docsConfig)
+        let central = FakeCentral(adapters: ["hci0"])
+        let mqtt = FakeMQTT()
+        mqtt.holdSubscribes()
+        let logs = MemoryLogHandler()
+        let bridge = Bridge(
+            config: config, central: central, mqtt: mqtt, clock: TestClock(),
+            logger: Logger(handler: logs, level: .debug), gatewayName: "testgw")
+        let run = Task { await bridge.run() }
+        defer { run.cancel() }
+        // The first subscribe waits for its acknowledgement, and the bridge has handled the connection (it asks for
+        // the next state).
+        try await eventually("a subscribe held") { !mqtt.filters.withLock { $0 }.isEmpty }
+        try await eventually("connected") { mqtt.statesAsked.withLock { $0 } == 2 }
+        #expect(mqtt.messages(on: "blebridge/bridge/state").isEmpty)
+        // The connection breaks and comes back meanwhile: still nothing said.
+        mqtt.setState(.disconnected(reason: "test"))
+        mqtt.setState(.connected)
+        try await eventually("connected again") { mqtt.statesAsked.withLock { $0 } == 4 }
+        #expect(mqtt.messages(on: "blebridge/bridge/state").isEmpty)
+        mqtt.releaseSubscribes()
+        let online = try await mqtt.waitForJSON(on: "blebridge/bridge/state")
+        #expect(online["state"] == .string("online"))
+        let journal = mqtt.journal.withLock { $0 }
+        let birth = try #require(journal.firstIndex(of: "publish blebridge/bridge/state"))
+        let subscribed = journal.indices.filter { journal[$0].hasPrefix("subscribed ") }
+        #expect(subscribed.count >= BridgeTopics(base: "blebridge").subscriptions.count)
+        #expect(subscribed.allSatisfy { $0 < birth }, "\(journal)")
+        // Once: the connection's birth waited, it is not said twice.
+        try await mqtt.waitForMessage(on: "blebridge/bridge/devices")
+        #expect(mqtt.messages(on: "blebridge/bridge/state").count == 1)
+        run.cancel()
+        _ = await run.value
+    }
+
     @Test func birthOnConnectAndAgainAfterABrokerOutage() async throws {
         try await withBridge(docsConfig) { h in
             let state = try #require(h.mqtt.messages(on: "blebridge/bridge/state").first)

@@ -501,7 +501,26 @@ final class FakeMQTT: MQTTTransport {
 
     func publish(_ message: BridgeOutgoingMessage) throws(BridgeTransportError) {
         published.withLock { $0.append(message) }
+        journal.withLock { $0.append("publish \(message.topic)") }
         broker.withLock { $0 }?.route(message)
+    }
+
+    /// Publishes (`publish <topic>`) and finished subscribes (`subscribed <filter>`), in the order they happened.
+    let journal = Mutex<[String]>([])
+
+    /// While held (`holdSubscribes`), a subscribe waits in it, as for a SUBACK that has not come yet, until
+    /// `releaseSubscribes`.
+    let heldSubscribes = Mutex<(holding: Bool, waiting: [CheckedContinuation<Void, Never>])>((false, []))
+
+    func holdSubscribes() { heldSubscribes.withLock { $0.holding = true } }
+
+    func releaseSubscribes() {
+        let waiting = heldSubscribes.withLock { h in
+            h.holding = false
+            defer { h.waiting = [] }
+            return h.waiting
+        }
+        for w in waiting { w.resume() }
     }
 
     /// What the broker holds retained (`retain(_:_:)`), delivered on every matching subscribe, as a broker does.
@@ -513,6 +532,16 @@ final class FakeMQTT: MQTTTransport {
 
     func subscribe(_ filter: String) async throws(BridgeTransportError) {
         filters.withLock { $0.append(filter) }
+        if heldSubscribes.withLock({ $0.holding }) {
+            await withCheckedContinuation { (w: CheckedContinuation<Void, Never>) in
+                let held = heldSubscribes.withLock { h -> Bool in
+                    if h.holding { h.waiting.append(w) }
+                    return h.holding
+                }
+                if !held { w.resume() }
+            }
+        }
+        journal.withLock { $0.append("subscribed \(filter)") }
         let held = broker.withLock { $0 }?.retainedMessages ?? retainedMessages.withLock { $0 }
         let matching = held.filter { Self.matches(filter, $0.topic) }
         guard !matching.isEmpty else { return }
@@ -542,7 +571,23 @@ final class FakeMQTT: MQTTTransport {
         return f.count == t.count
     }
 
-    func states() -> AsyncStream<BridgeTransportState> { stateStream }
+    /// How many times the reader of `states()` asked for a state: once more than it has finished handling.
+    let statesAsked = Mutex(0)
+
+    func states() -> AsyncStream<BridgeTransportState> {
+        let reader = StateReader(stateStream.makeAsyncIterator())
+        return AsyncStream(unfolding: { [self] in
+            self.statesAsked.withLock { $0 += 1 }
+            return await reader.next()
+        })
+    }
+
+    /// The one reader of the state stream, for `states()`'s unfolding stream.
+    final class StateReader: @unchecked Sendable {
+        var iterator: AsyncStream<BridgeTransportState>.Iterator
+        init(_ iterator: AsyncStream<BridgeTransportState>.Iterator) { self.iterator = iterator }
+        func next() async -> BridgeTransportState? { await iterator.next(isolation: nil) }
+    }
 
     var statistics: BridgeTransportStatistics {
         BridgeTransportStatistics(published: published.withLock { $0.count }, received: received.withLock { $0 })

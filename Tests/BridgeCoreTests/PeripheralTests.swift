@@ -483,6 +483,34 @@ let peripheralYAML = """
         }
     }
 
+    /// `bridge/state` online from `serve` tells a client that what it publishes now is served: it comes after the
+    /// source topics are subscribed, not when the broker connection comes up.
+    @Test func serveSaysOnlineAfterItsSourcesAreSubscribed() async throws {
+        let config = try BridgeConfig.load(text: peripheralYAML)
+        let mqtt = FakeMQTT()
+        mqtt.holdSubscribes()
+        let host = FakePeripheralHost()
+        let runner = PeripheralBridge(
+            config: config, host: host, mqtt: mqtt, clock: TestClock(), logger: Logger(handler: MemoryLogHandler()))
+        let run = Task { await runner.run() }
+        try await eventually("a subscribe held, the connection handled") {
+            !mqtt.filters.withLock { $0 }.isEmpty && mqtt.statesAsked.withLock { $0 } == 2
+        }
+        #expect(mqtt.messages(on: "blebridge/bridge/state").isEmpty)
+        mqtt.releaseSubscribes()
+        _ = try await mqtt.waitForJSON(on: "blebridge/bridge/state") { $0["state"]?.string == "online" }
+        let journal = mqtt.journal.withLock { $0 }
+        let birth = try #require(journal.firstIndex(of: "publish blebridge/bridge/state"))
+        #expect(journal.filter { $0.hasPrefix("subscribed ") }.count == 3)
+        #expect(journal.indices.filter { journal[$0].hasPrefix("subscribed ") }.allSatisfy { $0 < birth }, "\(journal)")
+        // A reconnection says it again at once (the subscriptions are the transport's to restore).
+        mqtt.setState(.disconnected(reason: "test"))
+        mqtt.setState(.connected)
+        _ = try await mqtt.waitForJSON(on: "blebridge/bridge/state", skip: 1) { $0["state"]?.string == "online" }
+        run.cancel()
+        await run.value
+    }
+
     @Test func serveRunsThePeripheralAlone() async throws {
         let config = try BridgeConfig.load(text: peripheralYAML)
         let mqtt = FakeMQTT()

@@ -247,6 +247,42 @@ import Testing
         await client.disconnect()
     }
 
+    /// `.connected` is said after the subscriptions of a reconnection went out: a message published on hearing it
+    /// (the bridge's birth, or a client's own echo) comes after them on the connection, so the broker applies them
+    /// first. A clean session: the broker forgot the subscription with each connection, as after a broker restart.
+    @Test func aPublishOnHearingConnectedFollowsTheRestoredSubscriptions() async throws {
+        let broker = try await MosquittoBroker.start()
+        let client = try await connectedClient(configuration(broker, version: .v311))
+        let messages = client.messages()
+        try await client.subscribe(to: "echo/#", qos: .atLeastOnce)
+        for round in 1...10 {
+            let states = client.connectionStates()
+            client.core.breakConnectionForTesting()
+            try await within(10, "reconnect \(round)") { () -> Bool in
+                var lost = false
+                for await state in states {
+                    if case .waitingToReconnect = state { lost = true }
+                    if lost, case .connected = state {
+                        try client.post(
+                            MQTTOutgoingMessage(topic: "echo/\(round)", payload: [UInt8(round)], qos: .atLeastOnce))
+                        return true
+                    }
+                }
+                return false
+            }
+            // QoS 1 is at least once: an earlier round's echo may come again (resent after the break).
+            let arrived = try await within(5, "echo/\(round) comes back") { () -> Bool in
+                for await m in messages {
+                    if m.topic == "echo/\(round)" { return true }
+                    #expect(m.topic.hasPrefix("echo/") && Int(m.topic.dropFirst(5)) ?? 0 < round, "\(m.topic)")
+                }
+                return false
+            }
+            #expect(arrived, "round \(round)")
+        }
+        await client.disconnect()
+    }
+
     @Test func runUntilCancelledThenDisconnectsCleanly() async throws {
         let broker = try await MosquittoBroker.start()
         let watcher = try await connectedClient(configuration(broker))
