@@ -148,6 +148,12 @@ import Testing
         mqtt.setState(.connected)
         try await eventually("connected again") { mqtt.statesAsked.withLock { $0 } == 4 }
         #expect(mqtt.messages(on: "blebridge/bridge/state").isEmpty)
+        // Every subscribe is sent without waiting for the others' acknowledgements: one round trip before the birth.
+        try await eventually("every subscribe sent at once") {
+            let sent = mqtt.filters.withLock { $0.count }
+            return sent >= BridgeTopics(base: "blebridge").subscriptions.count
+                && mqtt.heldSubscribes.withLock { $0.waiting.count } == sent
+        }
         mqtt.releaseSubscribes()
         let online = try await mqtt.waitForJSON(on: "blebridge/bridge/state")
         #expect(online["state"] == .string("online"))
