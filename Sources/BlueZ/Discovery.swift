@@ -724,7 +724,9 @@ public final class BlueZDiscovery: Sendable {
         }
         let lost: DBusMethodHandler = { [weak self] call in
             if let self, let path = call.arguments.first?.objectPath?.rawValue {
-                self.continuation.emit { self.state.withLock { $0.reported.removeValue(forKey: path) }.map { .lost($0) } }
+                self.continuation.emit {
+                    self.state.withLock { $0.reported.removeValue(forKey: path) }.map { .lost($0) }
+                }
             }
             return .reply([])
         }

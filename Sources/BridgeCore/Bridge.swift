@@ -50,9 +50,8 @@ public final class Bridge: Sendable {
         var lastMQTTFailure: String?
         var scanning: Set<String> = []
         /// The command topics (and the rest of `subscribeCommands`) are subscribed: until then `bridge/state`
-        /// online waits (`birthWaiting`), so that a client that acts on it is heard.
+        /// online waits, so that a client that acts on it is heard (`subscribeCommands` says it when connected).
         var commandsSubscribed = false
-        var birthWaiting = false
     }
 
     /// Counters for `bridge/health` and metrics.

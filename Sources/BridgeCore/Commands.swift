@@ -24,7 +24,6 @@ extension Bridge {
                     let was = s.mqttConnected
                     s.mqttConnected = true
                     s.lastMQTTFailure = nil
-                    if !was && !s.commandsSubscribed { s.birthWaiting = true }
                     return !was && s.commandsSubscribed
                 }
                 logger.info("MQTT connected to \(config.mqtt.url)")
@@ -94,10 +93,10 @@ extension Bridge {
             }
         }
         coordination?.subscribed()
+        // Connected meanwhile: that connection's birth waited for this.
         let birth = engine.withLock { s -> Bool in
             s.commandsSubscribed = true
-            defer { s.birthWaiting = false }
-            return s.birthWaiting && s.mqttConnected
+            return s.mqttConnected
         }
         if birth { publishBirth() }
     }

@@ -9,10 +9,9 @@ public final class PeripheralBridge: Sendable {
     let topics: BridgeTopics
     let logger: Logger
     let gatewayName: String
-    let connected = Mutex(false)
-    /// Whether the source topics are subscribed, and whether `bridge/state` online waits for that: it tells a
-    /// client that values published from now on are served.
-    let birth = Mutex((subscribed: false, waiting: false))
+    /// Whether the broker connection is up, and whether the source topics are subscribed: `bridge/state` online
+    /// waits for both (it tells a client that values published from now on are served).
+    let mqttState = Mutex((connected: false, subscribed: false))
     /// The peripheral service (nil when the configuration has no `peripheral:` section).
     public let service: PeripheralService?
 
@@ -33,7 +32,7 @@ public final class PeripheralBridge: Sendable {
                 config: p, registry: config.registry, host: host, topics: topics, qos: config.mqtt.qos,
                 maxPayload: config.mqtt.maxPayload, clock: clock, logger: logger,
                 status: {
-                    let up = box.runner.withLock { $0 }?.connected.withLock { $0 } ?? false
+                    let up = box.runner.withLock { $0 }?.mqttState.withLock { $0.connected } ?? false
                     return Bridge.Status(
                         mqttConnected: up, bluetoothdRunning: true, adapters: 1, devicesOnline: 0, devicesKnown: 0,
                         heartbeat: .now)
@@ -63,12 +62,11 @@ public final class PeripheralBridge: Sendable {
             group.addTask {
                 for await state in self.mqtt.states() {
                     let up = state == .connected
-                    self.connected.withLock { $0 = up }
-                    let now = up && self.birth.withLock { b -> Bool in
-                        if !b.subscribed { b.waiting = true }
-                        return b.subscribed
+                    let birth = self.mqttState.withLock { s -> Bool in
+                        s.connected = up
+                        return up && s.subscribed
                     }
-                    if now { self.publishBirth() }
+                    if birth { self.publishBirth() }
                 }
             }
             group.addTask {
@@ -79,12 +77,12 @@ public final class PeripheralBridge: Sendable {
                         self.logger.error("cannot subscribe to \(topic): \(error); its values are not served")
                     }
                 }
-                let waiting = self.birth.withLock { b -> Bool in
-                    b.subscribed = true
-                    defer { b.waiting = false }
-                    return b.waiting
+                // Connected meanwhile: that connection's birth waited for this.
+                let birth = self.mqttState.withLock { s -> Bool in
+                    s.subscribed = true
+                    return s.connected
                 }
-                if waiting && self.connected.withLock({ $0 }) { self.publishBirth() }
+                if birth { self.publishBirth() }
             }
             group.addTask {
                 for await message in incoming {

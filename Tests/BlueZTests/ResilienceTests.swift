@@ -50,7 +50,8 @@ final class EventLog: Sendable {
     ) async throws -> (BlueZDiscovery, EventLog) {
         let log = EventLog()
         let adapter = try await t.adapter
-        let discovery = try await t.client.startDiscovery(on: adapter, filter: filter, consumer: direct ? log.consumer : nil)
+        let discovery = try await t.client.startDiscovery(
+            on: adapter, filter: filter, consumer: direct ? log.consumer : nil)
         log.follow(discovery, recording: !direct)
         return (discovery, log)
     }
@@ -84,7 +85,8 @@ final class EventLog: Sendable {
     {
         let t = try await SimClient()
         let (discovery, log) = try await EventLog.start(
-            t, direct: direct, filter: BlueZDiscoveryFilter(serviceUUIDs: ["FEAA"], watchdogInterval: .milliseconds(200)))
+            t, direct: direct,
+            filter: BlueZDiscoveryFilter(serviceUUIDs: ["FEAA"], watchdogInterval: .milliseconds(200)))
         try await eventually(10, "the beacon") { log.story(beacon).first == "appeared" }
         // BlueZ signals nothing for an advertisement that does not change: that silence is normal. A second
         // discovery with the same filter and watchdog but DuplicateData on takes the same silence for a stuck scan
