@@ -682,7 +682,9 @@ enum BlueZClientPump {
             do {
                 subscribed = try await connection.signals(
                     matching: DBusMatchRule(type: .signal, sender: owner), ended: { feed.end() },
-                    reader: { [weak box] signal in feed.receive { box?.value?.dispatch(signal) } })
+                    // The box held strongly (it is the pump's, and holds the client weakly): one weak load per
+                    // signal, not two, and no side-table retain and release of the box.
+                    reader: { signal in feed.receive { box.value?.dispatch(signal) } })
             } catch {
                 box.value?.logger.warning("cannot add a match rule for bluetoothd's signals: \(error); retrying")
                 await nap(backoff.take())
@@ -702,9 +704,9 @@ enum BlueZClientPump {
         while !Task.isCancelled, connection.isConnected {
             attempt += 1
             do {
-                _ = try await connection.call(call, timeout: .seconds(10)) { [weak box] reply in
+                _ = try await connection.call(call, timeout: .seconds(10)) { reply in
                     feed.load {
-                        guard let client = box?.value else { return }
+                        guard let client = box.value else { return }
                         client.core.withLock { $0.accessDenied = nil }
                         client.load(reply.body, settled: settled)
                     }

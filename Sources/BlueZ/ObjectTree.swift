@@ -285,33 +285,43 @@ struct BlueZObjectTree: Sendable {
         // changes: the whole signal is checked before anything is changed.
         return withUnsafeTemporaryAllocation(of: AdvertisedEntry.self, capacity: Self.advertisedEntries) { entries in
             guard let read = Self.readAdvertisement(&changed, into: entries) else { return nil }
-            var fields: AdvertisementFields = []
-            if let rssi = read.rssi {
-                deviceValues.values[device].device.rssi = rssi
-                fields.insert(.rssi)
-            }
-            if let txPower = read.txPower {
-                deviceValues.values[device].device.txPower = txPower
-                fields.insert(.txPower)
-            }
-            if let range = read.manufacturer {
-                Self.store(
-                    UnsafeBufferPointer(rebasing: entries[range]),
-                    into: &deviceValues.values[device].device.manufacturerData,
-                    find: { entry, data in data.index(forKey: entry.company) }, key: \.company)
-                fields.insert(.manufacturerData)
-            }
-            if let range = read.service {
-                Self.store(
-                    UnsafeBufferPointer(rebasing: entries[range]),
-                    into: &deviceValues.values[device].device.serviceData,
-                    find: Self.storedUUID, key: { $0.uuid.map { BlueZDevice.lowercasedUUID(String(cString: $0)) } })
-                fields.insert(.serviceData)
-            }
-            // The device value now; the object's Device1 properties when something else touches it (settle).
-            if Self.mark(&deviceValues.values[device].ahead, fields) { slotsAhead += 1 }
-            return deviceValues.values[device].device
+            // One in-place access to the slot: through the dictionary's `values[index]` getter each read copied the
+            // whole slot (a retain and release of every string, array and dictionary of the device).
+            let (updated, settled) = Self.apply(read, of: UnsafeBufferPointer(entries), to: &deviceValues.values[device])
+            if settled { slotsAhead += 1 }
+            return updated
         }
+    }
+
+    /// Stores what `readAdvertisement` read into `slot`; returns the device as it is now and whether the slot was
+    /// settled before (it is now ahead of the object's properties).
+    private static func apply(
+        _ read: AdvertisedFields, of entries: UnsafeBufferPointer<AdvertisedEntry>, to slot: inout DeviceSlot
+    ) -> (BlueZDevice, Bool) {
+        var fields: AdvertisementFields = []
+        if let rssi = read.rssi {
+            slot.device.rssi = rssi
+            fields.insert(.rssi)
+        }
+        if let txPower = read.txPower {
+            slot.device.txPower = txPower
+            fields.insert(.txPower)
+        }
+        if let range = read.manufacturer {
+            store(
+                UnsafeBufferPointer(rebasing: entries[range]), into: &slot.device.manufacturerData,
+                find: { entry, data in data.index(forKey: entry.company) }, key: { $0.company })
+            fields.insert(.manufacturerData)
+        }
+        if let range = read.service {
+            store(
+                UnsafeBufferPointer(rebasing: entries[range]), into: &slot.device.serviceData,
+                find: storedUUID, key: { $0.uuid.map { BlueZDevice.lowercasedUUID(String(cString: $0)) } })
+            fields.insert(.serviceData)
+        }
+        // The device value now; the object's Device1 properties when something else touches it (settle).
+        let settled = mark(&slot.ahead, fields)
+        return (slot.device, settled)
     }
 
     /// One entry of an advertisement's ManufacturerData (`company`) or ServiceData (`uuid`), pointing into the
