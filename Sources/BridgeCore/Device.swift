@@ -57,8 +57,9 @@ struct DeviceData {
     var nextPublishAllowed: Duration = .zero
     var debounceDeadline: Duration?
     var flushScheduled = false
-    var lastNotification: [BluetoothUUID: Duration] = [:]
-    var notifyInterval: [BluetoothUUID: Double] = [:]
+    /// Per notifying characteristic: when it last notified (this connection) and its usual interval (learned
+    /// over connections). One dictionary, so that a notification hashes its UUID once and touches one storage.
+    var notifyTiming: [BluetoothUUID: NotifyTiming] = [:]
     var wake: CheckedContinuation<Void, Never>?
     var wakeRequested = false
     var sessionTask: Task<Void, Never>?
@@ -173,5 +174,22 @@ final class DeviceRecord: Sendable {
             return c
         }
         c?.resume()
+    }
+}
+
+/// When a characteristic last notified and how often it usually does (an exponential average of the gaps).
+struct NotifyTiming: Sendable {
+    /// The last notification on the current connection; nil before the first one.
+    var last: Duration?
+    /// The usual gap between notifications, in seconds; nil until two have come.
+    var interval: Double?
+
+    /// Notes a notification at `now`.
+    mutating func record(_ now: Duration) {
+        if let last {
+            let gap = (now - last).seconds
+            interval = interval.map { $0 * 0.9 + gap * 0.1 } ?? gap
+        }
+        last = now
     }
 }

@@ -394,7 +394,8 @@ extension Bridge {
             $0.characteristics = characteristics
             $0.adapter = adapter
             $0.connectedSince = clock.now
-            $0.lastNotification = [:]
+            // A new connection: no notification yet (the intervals learned stay).
+            $0.notifyTiming = $0.notifyTiming.mapValues { NotifyTiming(last: nil, interval: $0.interval) }
         }
         defer { r.data.withLock { $0.link = nil } }
         noteCharacteristicFields(r, characteristics)
@@ -556,8 +557,8 @@ extension Bridge {
 
     /// A characteristic whose notifications stopped for `factor` × its usual interval (at least 10 s), if any.
     static func silentCharacteristic(_ d: DeviceData, now: Duration, factor: Double) -> (BluetoothUUID, Double)? {
-        for (uuid, last) in d.lastNotification {
-            guard let interval = d.notifyInterval[uuid] else { continue }
+        for (uuid, timing) in d.notifyTiming {
+            guard let last = timing.last, let interval = timing.interval else { continue }
             let silence = (now - last).seconds
             if silence > max(10, interval * factor) { return (uuid, silence) }
         }
@@ -566,29 +567,25 @@ extension Bridge {
 
     func handleNotification(_ r: DeviceRecord, _ c: BLECharacteristic, _ value: [UInt8]) {
         let now = clock.now
-        r.data.withLock { d in
-            if let last = d.lastNotification[c.uuid] {
-                let gap = (now - last).seconds
-                d.notifyInterval[c.uuid] = d.notifyInterval[c.uuid].map { $0 * 0.9 + gap * 0.1 } ?? gap
-            }
-            d.lastNotification[c.uuid] = now
-        }
+        r.data.withLock { $0.notifyTiming[c.uuid, default: NotifyTiming()].record(now) }
         hot.notifications.add(1, ordering: .relaxed)
         // One trip to the engine for the registry (not a copy of the whole configuration).
         let registry = engine.withLock { $0.config.registry }
-        decode(r, c, value, registry: registry)
+        decode(r, c, value, registry: registry, now: now)
     }
 
     func decodeAndPublish(_ r: DeviceRecord, _ c: BLECharacteristic, _ value: [UInt8]) {
-        decode(r, c, value, registry: engine.withLock { $0.config.registry })
+        decode(r, c, value, registry: engine.withLock { $0.config.registry }, now: clock.now)
     }
 
-    /// `decodeAndPublish` with the registry already in hand.
-    private func decode(_ r: DeviceRecord, _ c: BLECharacteristic, _ value: [UInt8], registry: GATTParserRegistry) {
+    /// `decodeAndPublish` with the registry and the time already in hand.
+    private func decode(
+        _ r: DeviceRecord, _ c: BLECharacteristic, _ value: [UInt8], registry: GATTParserRegistry, now: Duration
+    ) {
         do {
             let reading = try registry.decode(
                 c.uuid, value, context: GATTDecodeContext(presentationFormat: c.presentationFormat))
-            r.merge(reading, now: clock.now, wall: clock.wallClock)
+            r.merge(reading, now: now, wall: clock.wallClock)
             hot.decoded.add(1, ordering: .relaxed)
             requestStatePublish(r)
         } catch {
