@@ -155,9 +155,12 @@ final class NotifySocketReader: Sendable {
             if busy { observers.around(round) } else { round() }
             // Under load, gather for the rest of the interval before the next round, so that one wake-up serves
             // every notification of that interval instead of one each (at 5,000/s, 10 per round). It adds at most
-            // the interval (2 ms) to a notification's way; at low rates nothing waits. Measured with
+            // the interval (2.5 ms) to a notification's way; at low rates nothing waits. Measured with
             // bench/bridge.sh on 2026-12-04: 1 ms rounds cost 30 µs per notification at 100 × 50 Hz, 2 ms rounds
-            // 20-25 µs with a p99 of 3 ms, 3 ms rounds 21 µs with a p99 of 4 ms (too near the 5 ms target).
+            // 20-25 µs with a p99 of 3 ms, 3 ms rounds 21 µs with a p99 of 4 ms (too near the 5 ms target). On
+            // 2026-12-06, with the MQTT loop's 8 ms acknowledgement gathering, four runs alternating with 2 ms rounds
+            // (and 4 ms) in one hour: 0.236-0.266 of the simulator's CPU per notification against 0.261-0.301, the
+            // p99 3.1-3.4 ms against 2.7-2.8 ms.
             if busy {
                 let spent = UInt64(clinux_monotonic_ns()) &- wake
                 if spent < Self.gatherNanoseconds {
@@ -169,11 +172,11 @@ final class NotifySocketReader: Sendable {
     }
 
     /// How long a round under load gathers notifications (see `run`).
-    static let gatherNanoseconds: UInt64 = 2_000_000
+    static let gatherNanoseconds: UInt64 = 2_500_000
 }
 
-/// Rounds of notification delivery under load: the notify reader thread, woken again within 4 ms of its last
-/// wake-up, delivers every value that is ready in one round and then gathers for the rest of 2 ms. An
+/// Rounds of notification delivery under load: the notify reader thread, woken again within 5 ms of its last
+/// wake-up, delivers every value that is ready in one round and then gathers for the rest of 2.5 ms. An
 /// observer hears `begin` before and `end` after each such round, on that thread, so that what the consumers do
 /// per value can be batched per round (the bridge holds its MQTT writes: one write for the round's publishes
 /// instead of one each). Both must be quick and must not block.

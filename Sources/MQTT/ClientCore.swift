@@ -569,10 +569,12 @@ final class ClientCore: Sendable {
     static let ownLoopPoll: Int32 = 250
 
     /// How long the plain-TCP loop lets what the broker sends gather between reads, under load (see
-    /// `serviceConnection`). 4 ms: at 5,000 QoS 1 publishes a second, 250 wake-ups instead of 1,000 (measured with
-    /// bench/bridge.sh on 2026-12-04, together with the notify reader's 2 ms rounds and the read buffer: 29-35 ->
-    /// 17-25 µs per notification).
-    static let readGatherNanoseconds: UInt64 = 4_000_000
+    /// `serviceConnection`). 8 ms: at 5,000 QoS 1 publishes a second, 125 wake-ups instead of 1,000 (1 ms). 4 ms
+    /// was measured with bench/bridge.sh on 2026-12-04, together with the notify reader's 2 ms rounds and the read
+    /// buffer: 29-35 -> 17-25 µs per notification; 8 ms on 2026-12-06 (with 2.5 ms rounds): the thread's CPU 1.24-1.75
+    /// against 1.63-1.97 µs per notification at 100 × 50 Hz. The in-flight window bounds what waits: with half of
+    /// it in flight the acknowledgements are read at once (100 by default: 10 ms of 5,000 a second).
+    static let readGatherNanoseconds: UInt64 = 8_000_000
 
     /// At most this many `mosquitto_loop_read` calls per wake-up, so writes and timers are served in between.
     static let readsPerWake = 256

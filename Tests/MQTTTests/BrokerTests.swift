@@ -258,7 +258,7 @@ import Testing
         for round in 1...10 {
             let states = client.connectionStates()
             client.core.breakConnectionForTesting()
-            try await within(10, "reconnect \(round)") { () -> Bool in
+            let reconnected = try await within(10, "reconnect \(round)") { () -> Bool in
                 var lost = false
                 for await state in states {
                     if case .waitingToReconnect = state { lost = true }
@@ -270,6 +270,7 @@ import Testing
                 }
                 return false
             }
+            #expect(reconnected, "round \(round): the states ended before the client was connected again")
             // QoS 1 is at least once: an earlier round's echo may come again (resent after the break).
             let arrived = try await within(5, "echo/\(round) comes back") { () -> Bool in
                 for await m in messages {
