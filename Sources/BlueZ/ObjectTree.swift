@@ -287,7 +287,8 @@ struct BlueZObjectTree: Sendable {
             guard let read = Self.readAdvertisement(&changed, into: entries) else { return nil }
             // One in-place access to the slot: through the dictionary's `values[index]` getter each read copied the
             // whole slot (a retain and release of every string, array and dictionary of the device).
-            let (updated, settled) = Self.apply(read, of: UnsafeBufferPointer(entries), to: &deviceValues.values[device])
+            let (updated, settled) = Self.apply(
+                read, of: UnsafeBufferPointer(entries), to: &deviceValues.values[device])
             if settled { slotsAhead += 1 }
             return updated
         }
