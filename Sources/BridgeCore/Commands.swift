@@ -79,18 +79,10 @@ extension Bridge {
             filters.append(topics.availability("+"))
             filters += records.filter { $0.config.mode == .passive }.map { topics.state($0.id) }
         }
-        // All at once, each waiting for its own acknowledgement: the birth waits for the last of them, one round trip
-        // to the broker rather than one per filter (multi-gateway mode has one per passive device).
-        await withTaskGroup(of: Void.self) { group in
-            for filter in filters {
-                group.addTask {
-                    do {
-                        try await self.mqtt.subscribe(filter)
-                    } catch {
-                        self.logger.error("cannot subscribe to \(filter): \(error); commands there are not served")
-                    }
-                }
-            }
+        // All at once: the birth waits for the last of them, one round trip to the broker rather than one per filter
+        // (multi-gateway mode has one per passive device).
+        await mqtt.subscribe(all: filters) { [logger] filter, error in
+            logger.error("cannot subscribe to \(filter): \(error); commands there are not served")
         }
         coordination?.subscribed()
         // Connected meanwhile: that connection's birth waited for this.

@@ -70,12 +70,8 @@ public final class PeripheralBridge: Sendable {
                 }
             }
             group.addTask {
-                for topic in service.sourceTopics {
-                    do {
-                        try await self.mqtt.subscribe(topic)
-                    } catch {
-                        self.logger.error("cannot subscribe to \(topic): \(error); its values are not served")
-                    }
+                await self.mqtt.subscribe(all: service.sourceTopics) { [logger = self.logger] topic, error in
+                    logger.error("cannot subscribe to \(topic): \(error); its values are not served")
                 }
                 // Connected meanwhile: that connection's birth waited for this.
                 let birth = self.mqttState.withLock { s -> Bool in

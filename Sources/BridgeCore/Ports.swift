@@ -466,6 +466,25 @@ public protocol MQTTTransport: AnyObject, Sendable {
     var statistics: BridgeTransportStatistics { get }
 }
 
+extension MQTTTransport {
+    /// Subscribes to every filter at once, each waiting for its own acknowledgement, and returns when all have
+    /// answered: one round trip to the broker, not one per filter. A filter that fails goes to `failed`; the others
+    /// are made all the same.
+    func subscribe(all filters: [String], failed: @escaping @Sendable (String, BridgeTransportError) -> Void) async {
+        await withTaskGroup(of: Void.self) { group in
+            for filter in filters {
+                group.addTask {
+                    do throws(BridgeTransportError) {
+                        try await self.subscribe(filter)
+                    } catch {
+                        failed(filter, error)
+                    }
+                }
+            }
+        }
+    }
+}
+
 // MARK: Time
 
 /// Time, so tests can run a day of backoff in a millisecond.
