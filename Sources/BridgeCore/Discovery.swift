@@ -352,8 +352,11 @@ extension Bridge {
         var components: [(String, JSONValue)] = []
         let writableNames = Set(r.config.writable.map(\.name))
         let perField = r.config.output == .attribute
+        let names = entityNames(
+            fields.filter { !writableNames.contains($0.name) && $0.kind != .structured }
+                + r.config.writable.map { GATTFieldDescriptor.inferred(fromName: $0.name) })
         for f in fields where !writableNames.contains(f.name) {
-            guard var component = sensorComponent(f, oid: oid) else { continue }
+            guard var component = sensorComponent(f, oid: oid, name: names[f.name]) else { continue }
             if perField, case .object(var o) = component {
                 // `output: attribute` publishes no JSON state: each entity reads its own plain-value topic.
                 o.removeAll { $0.0 == "value_template" }
@@ -367,7 +370,7 @@ extension Bridge {
             components.append(("\(oid)_\(f.name)", component))
         }
         for w in r.config.writable {
-            components.append(("\(oid)_\(w.name)", writableComponent(w, r, oid: oid)))
+            components.append(("\(oid)_\(w.name)", writableComponent(w, r, oid: oid, name: names[w.name])))
         }
         components.append(
             (
@@ -376,7 +379,7 @@ extension Bridge {
                     ("p", .string("sensor")), ("name", .string("RSSI")), ("unique_id", .string("\(oid)_rssi")),
                     ("device_class", .string("signal_strength")), ("unit_of_measurement", .string("dBm")),
                     ("state_class", .string("measurement")), ("entity_category", .string("diagnostic")),
-                    ("value_template", .string("{{ value_json.rssi }}")),
+                    ("value_template", .string(Self.valueTemplate("rssi", absent: "None"))),
                 ])
             ))
         components.append(
@@ -386,7 +389,7 @@ extension Bridge {
                     ("p", .string("sensor")), ("name", .string("Last seen")),
                     ("unique_id", .string("\(oid)_last_seen")),
                     ("device_class", .string("timestamp")), ("entity_category", .string("diagnostic")),
-                    ("enabled_by_default", .bool(false)), ("value_template", .string("{{ value_json.last_seen }}")),
+                    ("enabled_by_default", .bool(false)), ("value_template", .string(Self.valueTemplate("last_seen", absent: "None"))),
                 ])
             ))
         var device: [(String, JSONValue)] = [
@@ -435,18 +438,55 @@ extension Bridge {
         return ([first.prefix(1).uppercased() + first.dropFirst()] + parts.dropFirst()).joined(separator: " ")
     }
 
-    func sensorComponent(_ f: GATTFieldDescriptor, oid: String) -> JSONValue? {
+    /// The entity name of each field: `humanName`, or, where two fields of the device would get the same one (a
+    /// thermometer's `temperature_c` and `temperature_f`), that name with the field's unit (`Temperature (°F)`), else
+    /// the field name's words in full. Home Assistant makes entity ids from the names, and would number the second.
+    func entityNames(_ fields: [GATTFieldDescriptor]) -> [String: String] {
+        var count: [String: Int] = ["RSSI": 1, "Last seen": 1]
+        for f in fields { count[humanName(f), default: 0] += 1 }
+        var names: [String: String] = [:]
+        for f in fields {
+            let name = humanName(f)
+            if count[name, default: 0] < 2 {
+                names[f.name] = name
+            } else if let unit = f.unit {
+                names[f.name] = "\(name) (\(unit))"
+            } else {
+                let words = f.name.split(separator: "_").joined(separator: " ")
+                names[f.name] = words.prefix(1).uppercased() + words.dropFirst()
+            }
+        }
+        return names
+    }
+
+    /// The value template of a field: `present` (the value itself by default) when the state has the field and it
+    /// is not null, else `absent`. A field is in the merged state once a reading had it, and some never come (a
+    /// Celsius thermometer's `temperature_f`, a flag-dependent field); `{{ value_json.x }}` would then make Home
+    /// Assistant log "Template variable warning" at every state message. `absent` is what each platform takes for
+    /// "no value": `None` (unknown) for sensors, binary sensors and switches, `''` (ignored) for numbers, selects and
+    /// texts.
+    static func valueTemplate(_ name: String, present: String? = nil, absent: String) -> String {
+        let value = "value_json.\(name)"
+        return "{{ \(present ?? value) if \(value) is defined and \(value) is not none else \(absent) }}"
+    }
+
+    /// The template of an `ON`/`OFF` entity.
+    static func onOffTemplate(_ name: String) -> String {
+        valueTemplate(name, present: "('ON' if value_json.\(name) else 'OFF')", absent: "None")
+    }
+
+    func sensorComponent(_ f: GATTFieldDescriptor, oid: String, name: String? = nil) -> JSONValue? {
         var o: [(String, JSONValue)] = []
         switch f.kind {
         case .structured: return nil
         case .boolean:
             o.append(("p", .string("binary_sensor")))
-            o.append(("value_template", .string("{{ 'ON' if value_json.\(f.name) else 'OFF' }}")))
+            o.append(("value_template", .string(Self.onOffTemplate(f.name))))
         case .number, .text:
             o.append(("p", .string("sensor")))
-            o.append(("value_template", .string("{{ value_json.\(f.name) }}")))
+            o.append(("value_template", .string(Self.valueTemplate(f.name, absent: "None"))))
         }
-        o.append(("name", .string(humanName(f))))
+        o.append(("name", .string(name ?? humanName(f))))
         o.append(("unique_id", .string("\(oid)_\(f.name)")))
         // Home Assistant's enum device class needs the list of options, which a parser does not declare.
         if let dc = f.deviceClass, dc != "enum" { o.append(("device_class", .string(dc))) }
@@ -455,10 +495,11 @@ extension Bridge {
         return .object(o)
     }
 
-    func writableComponent(_ w: WritableSpec, _ r: DeviceRecord, oid: String) -> JSONValue {
+    func writableComponent(_ w: WritableSpec, _ r: DeviceRecord, oid: String, name: String? = nil) -> JSONValue {
         let t = topics
         var o: [(String, JSONValue)] = [
-            ("p", .string(w.platform)), ("name", .string(humanName(GATTFieldDescriptor.inferred(fromName: w.name)))),
+            ("p", .string(w.platform)),
+            ("name", .string(name ?? humanName(GATTFieldDescriptor.inferred(fromName: w.name)))),
             ("unique_id", .string("\(oid)_\(w.name)")), ("command_topic", .string("\(t.set(r.id))/\(w.name)")),
         ]
         let descriptor =
@@ -466,14 +507,14 @@ extension Bridge {
             ?? GATTFieldDescriptor.inferred(fromName: w.name)
         switch w.platform {
         case "switch":
-            o.append(("value_template", .string("{{ 'ON' if value_json.\(w.name) else 'OFF' }}")))
+            o.append(("value_template", .string(Self.onOffTemplate(w.name))))
             o.append(("payload_on", .string("ON")))
             o.append(("payload_off", .string("OFF")))
         case "select":
-            o.append(("value_template", .string("{{ value_json.\(w.name) }}")))
+            o.append(("value_template", .string(Self.valueTemplate(w.name, absent: "''"))))
             o.append(("options", .array((w.options ?? []).map(JSONValue.string))))
         case "number":
-            o.append(("value_template", .string("{{ value_json.\(w.name) }}")))
+            o.append(("value_template", .string(Self.valueTemplate(w.name, absent: "''"))))
             if let v = w.minimum { o.append(("min", .double(v))) }
             if let v = w.maximum { o.append(("max", .double(v))) }
             if let v = w.step { o.append(("step", .double(v))) }
@@ -481,7 +522,7 @@ extension Bridge {
             if let dc = descriptor.deviceClass, dc != "battery" { o.append(("device_class", .string(dc))) }
             o.append(("mode", .string("box")))
         default:
-            o.append(("value_template", .string("{{ value_json.\(w.name) }}")))
+            o.append(("value_template", .string(Self.valueTemplate(w.name, absent: "''"))))
         }
         return .object(o)
     }

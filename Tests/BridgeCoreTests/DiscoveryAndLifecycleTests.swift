@@ -46,7 +46,11 @@ import Testing
             #expect(temperature["device_class"] == .string("temperature"))
             #expect(temperature["unit_of_measurement"] == .string("°C"))
             #expect(temperature["state_class"] == .string("measurement"))
-            #expect(temperature["value_template"] == .string("{{ value_json.temperature_c }}"))
+            #expect(
+                temperature["value_template"]
+                    == .string(
+                        "{{ value_json.temperature_c if value_json.temperature_c is defined"
+                            + " and value_json.temperature_c is not none else None }}"))
             #expect(components["blebridge_balcony_humidity_pct"]?["device_class"] == .string("humidity"))
             #expect(components["blebridge_balcony_battery_pct"]?["device_class"] == .string("battery"))
             #expect(components["blebridge_balcony_rssi"]?["device_class"] == .string("signal_strength"))
@@ -79,6 +83,41 @@ import Testing
         }
     }
 
+    /// A thermometer declares `temperature_c` and `temperature_f` (2A1C sends one of them): two entities named
+    /// "Temperature" would become `sensor.x_temperature` and `sensor.x_temperature_2` in Home Assistant, so each
+    /// says its unit; and the one never sent reads as unknown, without a template warning per message.
+    @Test func fieldsWithTheSameNameSayTheirUnitAndAbsentFieldsAreUnknown() async throws {
+        let thermometer = try address("00:09:1F:84:6C:21")
+        let yaml = """
+            mqtt: {url: "mqtt://127.0.0.1:1883"}
+            devices:
+              - name: ear
+                match: {address: "00:09:1F:84:6C:21"}
+                mode: connected
+            """
+        let measurement = BluetoothUUID(UInt16(0x2A1C))
+        let service = BluetoothUUID(UInt16(0x1809))
+        try await withBridge(
+            yaml, setup: { $0.addDevice(thermometer, [characteristic(measurement, service: service, ["indicate"])]) }
+        ) { h in
+            h.central.advertise(thermometer, rssi: -70, services: [service])
+            let payload = try await h.mqtt.waitForJSON(on: "homeassistant/device/blebridge_ear/config") {
+                $0["cmps"]?["blebridge_ear_temperature_f"] != nil
+            }
+            let components = try #require(payload["cmps"])
+            #expect(components["blebridge_ear_temperature_c"]?["name"] == .string("Temperature (°C)"))
+            #expect(components["blebridge_ear_temperature_f"]?["name"] == .string("Temperature (°F)"))
+            #expect(
+                components["blebridge_ear_temperature_f"]?["value_template"]
+                    == .string(
+                        "{{ value_json.temperature_f if value_json.temperature_f is defined"
+                            + " and value_json.temperature_f is not none else None }}"))
+            guard case .object(let entries) = components else { return }
+            let names = entries.compactMap { $0.1["name"]?.string }
+            #expect(Set(names).count == names.count, "\(names.sorted())")
+        }
+    }
+
     @Test func writableValueIsANumberEntity() async throws {
         try await withBridge(docsConfig) { h in
             let payload = try await h.mqtt.waitForJSON(on: "homeassistant/device/blebridge_radiator/config")
@@ -86,7 +125,12 @@ import Testing
             #expect(setpoint["p"] == .string("number"))
             #expect(setpoint["command_topic"] == .string("blebridge/radiator/set/setpoint_c"))
             #expect(setpoint["unique_id"] == .string("blebridge_radiator_setpoint_c"))
-            #expect(setpoint["value_template"] == .string("{{ value_json.setpoint_c }}"))
+            // A value not read yet is an empty state, which a number entity ignores (no "None" to parse).
+            #expect(
+                setpoint["value_template"]
+                    == .string(
+                        "{{ value_json.setpoint_c if value_json.setpoint_c is defined"
+                            + " and value_json.setpoint_c is not none else '' }}"))
             #expect(payload["dev"]?["cns"] == .array([.array([.string("bluetooth"), .string("d0:12:34:56:78:9a")])]))
         }
     }
