@@ -51,6 +51,35 @@ if [ ${#pymissing[@]} -gt 0 ]; then
     "$PYTHON" -m pip install -q "${PY[@]}"
 fi
 
+# Home Assistant core, the judge of the bridge's MQTT discovery (Tests/fidelity/test_home_assistant.py), in a
+# virtualenv of its own under BLEBRIDGE_HA_VENV (cached like the real-BlueZ VM image). It needs Python 3.13, which
+# Debian 12 does not package: the first python3.13 found (PATH, pyenv) is used; without one the reason is written
+# next to the virtualenv and that test is skipped saying so. The pins are the release the discovery was judged with
+# and the requirements of the integrations it loads (Home Assistant runs with --skip-pip: it installs nothing itself).
+HA_VENV=${BLEBRIDGE_HA_VENV:-/var/cache/blebridge-ha/venv}
+HA_PINS=(homeassistant==2025.4.4 paho-mqtt==2.1.0 home-assistant-frontend==20250411.0 Pillow==11.1.0 cronsim==2.6
+         ifaddr==0.2.0 isal==1.7.1 psutil-home-assistant==0.0.1 securetar==2025.2.1)
+if ! "$HA_VENV/bin/python" -c 'import homeassistant.const as c, sys; sys.exit(c.__version__ != "2025.4.4")' \
+        2>/dev/null; then
+    PY313=""
+    for candidate in "$(command -v python3.13 || true)" "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.13*/bin/python3.13; do
+        if [ -x "$candidate" ] && "$candidate" -c 'import sys, venv; sys.exit(sys.version_info < (3, 13))' 2>/dev/null
+        then PY313=$candidate; break; fi
+    done
+    $SUDO mkdir -p "$(dirname "$HA_VENV")"
+    if [ -z "$PY313" ]; then
+        echo "no Python 3.13 found (PATH, pyenv); Home Assistant core 2025.4 needs it" |
+            $SUDO tee "$(dirname "$HA_VENV")/unavailable" >/dev/null
+        echo "install-deps: no Python 3.13: the Home Assistant judge will be skipped"
+    else
+        echo "install-deps: installing Home Assistant core into $HA_VENV (with $PY313; a few minutes, once)"
+        $SUDO rm -rf "$HA_VENV" "$(dirname "$HA_VENV")/unavailable"
+        $SUDO "$PY313" -m venv "$HA_VENV"
+        $SUDO "$HA_VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+        $SUDO "$HA_VENV/bin/python" -m pip install -q "${HA_PINS[@]}"
+    fi
+fi
+
 if ! command -v swift >/dev/null 2>&1; then
     for d in /opt/swift/usr/bin /usr/share/swift/usr/bin; do
         [ -x "$d/swift" ] && export PATH="$d:$PATH"

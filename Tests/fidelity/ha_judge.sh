@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Home Assistant core as a judge of the bridge's MQTT discovery (Tests/fidelity/test_home_assistant.py runs this,
+# in a network namespace of its own when it can: loopback only). Starts, on loopback: mosquitto, bluez-sim with the
+# demo's six sensors (config/demo-scenario.yaml) on a private bus, `blebridge run --config config/demo.yaml`, a
+# subscriber recording every message, and Home Assistant core with its MQTT integration (discovery on) and
+# mqtt_statestream (every entity's state published back under hass/...), and an automation that sets the echo
+# device's text entity (a command from Home Assistant). Runs until Home Assistant has set up its MQTT
+# entities and then JUDGE_SECONDS more, stops Home Assistant (which saves its entity registry) and everything else.
+#   ha_judge.sh BIN_DIR HASS WORK_DIR     (HASS: the hass executable of a Home Assistant core install)
+# Leaves in WORK_DIR: all.log (topic<TAB>payload, one message a line), hass.log, bridge.log and hass/.storage.
+set -u
+BIN=$1 HASS=$2 W=$3
+SECONDS_AFTER=${JUDGE_SECONDS:-25}
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+ip link set lo up 2>/dev/null || true
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+PORT=$(free_port) HTTP=$(free_port)
+mkdir -p "$W/hass/.storage"
+PIDS=()
+stop_all() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
+trap stop_all EXIT
+
+printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\n' "$PORT" >"$W/mosquitto.conf"
+mosquitto -c "$W/mosquitto.conf" >"$W/mosquitto.log" 2>&1 & PIDS+=($!)
+for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.05; done
+mosquitto_sub -p "$PORT" -F '%t	%p' -t '#' >"$W/all.log" 2>&1 & PIDS+=($!)
+
+"$BIN/bluez-sim" --spawn-bus --scenario "$ROOT/config/demo-scenario.yaml" >"$W/sim.out" 2>&1 & PIDS+=($!)
+for _ in $(seq 1 200); do grep -q "bluez-sim: ready" "$W/sim.out" && break; sleep 0.05; done
+grep -q "bluez-sim: ready" "$W/sim.out" || { cat "$W/sim.out" >&2; echo "ha_judge: bluez-sim did not start" >&2; exit 1; }
+export DBUS_SYSTEM_BUS_ADDRESS="$(sed -n 's/.*DBUS_SYSTEM_BUS_ADDRESS=//p' "$W/sim.out" | head -1)"
+
+# Home Assistant: location and units given (nothing to detect), HTTP on loopback, the MQTT config entry written as
+# the integration's setup would store it (storage version 1.1, migrated by Home Assistant at start).
+cat >"$W/hass/configuration.yaml" <<YAML
+homeassistant:
+  name: judge
+  latitude: 52.5
+  longitude: 13.4
+  elevation: 30
+  unit_system: metric
+  time_zone: UTC
+  currency: EUR
+  country: DE
+  language: en
+http:
+  server_host: 127.0.0.1
+  server_port: $HTTP
+mqtt_statestream:
+  base_topic: hass
+logger:
+  default: info
+# Home Assistant's side of a command: once the echo device's text entity is available, set it (the MQTT text
+# entity publishes the value to its command topic, <base>/echo/set/message); the device echoes it back.
+automation:
+  - alias: judge writes to the echo device
+    triggers: [{trigger: homeassistant, event: start}]
+    actions:
+      - wait_template: "{{ states('text.echo_message') not in ['unavailable', 'unknown'] or
+          states('sensor.echo_rssi') not in ['unavailable'] }}"
+        timeout: 60
+      - delay: 2
+      - action: text.set_value
+        target: {entity_id: text.echo_message}
+        data: {value: "from home assistant"}
+YAML
+cat >"$W/hass/.storage/core.config_entries" <<JSON
+{"version": 1, "minor_version": 1, "key": "core.config_entries", "data": {"entries": [
+ {"entry_id": "0123456789abcdef0123456789abcdef", "version": 1, "minor_version": 2, "domain": "mqtt",
+  "title": "127.0.0.1", "data": {"broker": "127.0.0.1", "port": $PORT, "discovery": true,
+  "discovery_prefix": "homeassistant"}, "options": {}, "source": "user", "unique_id": null, "disabled_by": null,
+  "pref_disable_new_entities": false, "pref_disable_polling": false}]}}
+JSON
+
+sed "s|mqtt://127.0.0.1:1883|mqtt://127.0.0.1:$PORT|" "$ROOT/config/demo.yaml" >"$W/demo.yaml"
+"$BIN/blebridge" run --config "$W/demo.yaml" >"$W/bridge.log" 2>&1 & BRIDGE=$!
+PIDS+=($BRIDGE)
+"$HASS" -c "$W/hass" --skip-pip >"$W/hass.log" 2>&1 & HA=$!
+
+ready=0
+for _ in $(seq 1 240); do
+    grep -q "Setting up mqtt.sensor" "$W/hass.log" && { ready=1; break; }
+    kill -0 $HA 2>/dev/null || break
+    sleep 0.5
+done
+[ $ready = 1 ] || { tail -40 "$W/hass.log" >&2; echo "ha_judge: Home Assistant did not set up MQTT" >&2; kill $HA; exit 1; }
+sleep "$SECONDS_AFTER"
+# Home Assistant first (it saves its registries on stop), while the bridge still runs.
+kill -TERM $HA
+for _ in $(seq 1 60); do kill -0 $HA 2>/dev/null || break; sleep 0.5; done
+kill -KILL $HA 2>/dev/null
+echo "ha_judge: done"

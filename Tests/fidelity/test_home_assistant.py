@@ -1,0 +1,148 @@
+"""Home Assistant core as the judge of the bridge's MQTT discovery.
+
+A real Home Assistant core (installed by scripts/install-deps.sh into its own virtualenv: it needs Python 3.13)
+subscribes to the broker the bridge publishes to, with its MQTT integration (discovery on) and mqtt_statestream, which
+publishes every entity's state back under hass/<domain>/<object id>/state. Tests/fidelity/ha_judge.sh runs the demo
+(config/demo.yaml on config/demo-scenario.yaml's six sensors) with it, in a network namespace of its own when it can.
+Judged: Home Assistant makes an entity of every component of every discovery message, with distinct entity ids; its
+log has no warning or error about the bridge's discovery, templates or states; the states it shows are the bridge's
+values; every device's entities are available; and a value Home Assistant sets on a writable entity (an automation
+sets the echo device's text) is written to the device, which echoes it back into Home Assistant.
+"""
+import json
+import math
+import os
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+from conftest import ROOT
+
+HA_VENV = pathlib.Path(os.environ.get("BLEBRIDGE_HA_VENV", "/var/cache/blebridge-ha/venv"))
+
+
+class Judged:
+    def __init__(self, work: pathlib.Path):
+        self.work = work
+        self.messages = []
+        for line in (work / "all.log").read_text(errors="replace").splitlines():
+            topic, _, payload = line.partition("\t")
+            self.messages.append((topic, payload))
+        self.hass_log = (work / "hass.log").read_text(errors="replace")
+        registry = json.loads((work / "hass" / ".storage" / "core.entity_registry").read_text())
+        self.entities = [e for e in registry["data"]["entities"] if e["platform"] == "mqtt"]
+
+    def discovery(self):
+        """The last discovery message of each bridge device (topic -> payload)."""
+        last = {}
+        for topic, payload in self.messages:
+            if re.fullmatch(r"homeassistant/device/blebridge_[a-z0-9_]+/config", topic) and payload:
+                last[topic] = json.loads(payload)
+        return last
+
+    def states(self, entity_id):
+        domain, object_id = entity_id.split(".", 1)
+        return [p for t, p in self.messages if t == f"hass/{domain}/{object_id}/state"]
+
+    def bridge_values(self, device, field):
+        values = []
+        for topic, payload in self.messages:
+            if topic == f"blebridge/{device}":
+                state = json.loads(payload)
+                if state.get(field) is not None:
+                    values.append(state[field])
+        return values
+
+
+@pytest.fixture(scope="module")
+def judged(binaries, tmp_path_factory):
+    hass = HA_VENV / "bin" / "hass"
+    if not hass.exists():
+        reason = HA_VENV.parent / "unavailable"
+        if reason.exists():
+            pytest.skip(f"Home Assistant core is not installed: {reason.read_text().strip()}")
+        pytest.fail(f"{hass} is missing: run scripts/install-deps.sh, which installs Home Assistant core there")
+    work = tmp_path_factory.mktemp("home-assistant")
+    command = [str(ROOT / "Tests" / "fidelity" / "ha_judge.sh"), str(binaries), str(hass), str(work)]
+    # Its own network namespace (loopback only) when the machine allows it, so that nothing can leave it.
+    if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0:
+        command = ["unshare", "-n"] + command
+    result = subprocess.run(command, capture_output=True, text=True, timeout=420)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{(work / 'hass.log').read_text()[-4000:]}"
+    return Judged(work)
+
+
+def test_every_component_becomes_an_entity_with_its_own_id(judged):
+    discovery = judged.discovery()
+    # The bridge and the six demo devices.
+    assert len(discovery) == 7, sorted(discovery)
+    by_unique_id = {e["unique_id"]: e for e in judged.entities}
+    for topic, payload in discovery.items():
+        for key, component in payload["cmps"].items():
+            assert key in by_unique_id, f"{topic}: Home Assistant made no entity of {key}"
+            entity = by_unique_id[key]
+            assert entity["entity_id"].split(".")[0] == component["p"], (key, entity["entity_id"])
+            assert entity["original_name"] == component["name"], key
+    ids = [e["entity_id"] for e in judged.entities]
+    assert len(ids) == len(set(ids))
+    # Two entities of one device with the same name get "_2": every name of a device is its own.
+    assert not [i for i in ids if re.search(r"_\d+$", i)], ids
+
+
+def test_home_assistant_logs_nothing_about_the_bridge(judged):
+    problems = []
+    for line in judged.hass_log.splitlines():
+        if not re.search(r"\b(WARNING|ERROR|CRITICAL)\b", line):
+            continue
+        if re.search(r"homeassistant\.(components\.mqtt|helpers\.template|components\.sensor|components\.binary_sensor"
+                     r"|components\.text|components\.number|components\.switch|components\.select|helpers\.entity)"
+                     r"|blebridge|value_json", line):
+            problems.append(line)
+    assert not problems, "\n".join(problems)
+
+
+def test_states_are_the_bridge_values(judged):
+    discovery = judged.discovery()
+    by_unique_id = {e["unique_id"]: e for e in judged.entities}
+    compared = 0
+    for topic, payload in discovery.items():
+        device = topic.split("/")[2].removeprefix("blebridge_")
+        for key, component in payload["cmps"].items():
+            field = key.removeprefix(f"blebridge_{device}_")
+            sent = judged.bridge_values(device, field)
+            shown = [s for s in judged.states(by_unique_id[key]["entity_id"]) if s not in ("unknown", "unavailable")]
+            if not sent or component["p"] not in ("sensor", "binary_sensor") or field == "last_seen":
+                continue
+            assert shown, f"{key}: the bridge sent {sent[:3]}, Home Assistant showed no value"
+            if component["p"] == "binary_sensor":
+                assert set(shown) <= {"on" if v else "off" for v in sent}, (key, sent[:5], shown[:5])
+            elif isinstance(sent[0], (int, float)) and not isinstance(sent[0], bool):
+                for s in shown:
+                    assert any(math.isclose(float(s), v, rel_tol=1e-9) for v in sent), (key, s, sent[:5])
+            else:
+                assert set(shown) <= {str(v) for v in sent}, (key, sent[:5], shown[:5])
+            compared += 1
+    # Heart rate, energy, contact, battery, temperatures, humidity, pressure, RuuviTag's fields, RSSI, ...
+    assert compared >= 25, compared
+
+
+def test_every_device_is_available(judged):
+    for topic, payload in judged.discovery().items():
+        keys = list(payload["cmps"])
+        by_unique_id = {e["unique_id"]: e for e in judged.entities}
+        last = {k: (judged.states(by_unique_id[k]["entity_id"]) or ["(none)"])[-1] for k in keys}
+        assert "unavailable" not in last.values(), (topic, last)
+        assert any(v not in ("unknown", "(none)") for v in last.values()), (topic, last)
+
+
+def test_a_value_set_in_home_assistant_reaches_the_device(judged):
+    # Home Assistant's text entity publishes to its command topic; the bridge writes it (Nordic UART RX) and reports.
+    assert ("blebridge/echo/set/message", "from home assistant") in judged.messages
+    results = [json.loads(p) for t, p in judged.messages if t == "blebridge/echo/set/result"]
+    assert any(r.get("status") == "ok" for r in results), results
+    # The device echoes it (TX notification), and Home Assistant shows the echo.
+    assert "from home assistant" in judged.bridge_values("echo", "echo")
+    by_unique_id = {e["unique_id"]: e for e in judged.entities}
+    assert "from home assistant" in judged.states(by_unique_id["blebridge_echo_echo"]["entity_id"])
