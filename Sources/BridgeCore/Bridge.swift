@@ -52,6 +52,8 @@ public final class Bridge: Sendable {
         /// The command topics (and the rest of `subscribeCommands`) are subscribed: until then `bridge/state`
         /// online waits, so that a client that acts on it is heard (`subscribeCommands` says it when connected).
         var commandsSubscribed = false
+        /// The device states to publish again after Home Assistant's birth (`resendStatesLater`).
+        var stateResend: Task<Void, Never>?
     }
 
     /// Counters for `bridge/health` and metrics.
@@ -285,7 +287,11 @@ public final class Bridge: Sendable {
     }
 
     func shutdown() async {
-        engine.withLock { $0.shuttingDown = true }
+        engine.withLock {
+            $0.shuttingDown = true
+            $0.stateResend?.cancel()
+            $0.stateResend = nil
+        }
         let all = records
         var tasks: [Task<Void, Never>] = []
         for r in all {

@@ -143,8 +143,10 @@ extension Bridge {
         if let peripheral, peripheral.handle(message) { return }
         if c.homeAssistant.enabled, message.topic == c.homeAssistant.statusTopic {
             if message.text == "online" {
-                logger.info("Home Assistant is online: publishing discovery again")
+                logger.info(
+                    "Home Assistant is online: publishing discovery again, the device states in \(c.homeAssistant.stateResendDelay)")
                 publishAllDiscovery()
+                resendStatesLater(after: c.homeAssistant.stateResendDelay)
             }
             return
         }

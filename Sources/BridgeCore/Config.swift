@@ -211,8 +211,12 @@ public struct HomeAssistantSettings: Sendable, Hashable {
     public var enabled: Bool = true
     /// Discovery prefix.
     public var prefix: String = "homeassistant"
-    /// Home Assistant's birth topic; `online` there republishes discovery.
+    /// Home Assistant's birth topic; `online` there republishes discovery, and the device states after
+    /// `stateResendDelay`.
     public var statusTopic: String = "homeassistant/status"
+    /// How long after Home Assistant's birth every device's state is published again (the time Home Assistant takes
+    /// to make the entities and subscribe to their state topics; Zigbee2MQTT waits 30 s too).
+    public var stateResendDelay: Duration = .seconds(30)
 }
 
 /// `bluetooth:` — adapters and scanning.
@@ -575,10 +579,11 @@ extension BridgeConfig {
             if let b = n.bool { h.enabled = b }
             return h
         }
-        n.expectMapping(allowed: ["enabled", "prefix", "status_topic"])
+        n.expectMapping(allowed: ["enabled", "prefix", "status_topic", "state_resend_delay"])
         if let b = n["enabled"]?.bool { h.enabled = b }
         if let p = n["prefix"]?.string { h.prefix = p }
         if let s = n["status_topic"]?.string { h.statusTopic = s }
+        if let d = n["state_resend_delay"]?.seconds(0...3600) { h.stateResendDelay = d }
         return h
     }
 

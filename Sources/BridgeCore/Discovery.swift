@@ -101,7 +101,11 @@ public enum EffectiveConfig {
             ),
             (
                 "homeassistant",
-                .object([("enabled", .bool(c.homeAssistant.enabled)), ("prefix", .string(c.homeAssistant.prefix))])
+                .object([
+                    ("enabled", .bool(c.homeAssistant.enabled)), ("prefix", .string(c.homeAssistant.prefix)),
+                    ("status_topic", .string(c.homeAssistant.statusTopic)),
+                    ("state_resend_delay", .double(c.homeAssistant.stateResendDelay.seconds)),
+                ])
             ),
             (
                 "bluetooth",
@@ -282,6 +286,23 @@ extension Bridge {
         guard config.homeAssistant.enabled else { return }
         publishBridgeDiscovery()
         for r in records { publishDiscovery(r, force: true) }
+    }
+
+    /// After Home Assistant's birth: every device's state again once `delay` has passed, the time Home Assistant
+    /// takes to make the entities of the discovery messages and subscribe to their state topics (Zigbee2MQTT does the
+    /// same). States are not retained by default, so a device that reports rarely (a thermostat read once after
+    /// connecting) would show unknown until its next report. Another birth meanwhile starts the wait again.
+    func resendStatesLater(after delay: Duration) {
+        let task = Task { [clock] in
+            do { try await clock.sleep(until: clock.now + delay) } catch { return }
+            guard !Task.isCancelled, !engine.withLock({ $0.shuttingDown }) else { return }
+            for r in records where r.data.withLock({ !$0.fields.isEmpty }) { publishState(r) }
+        }
+        engine.withLock { e in
+            e.stateResend?.cancel()
+            e.stateResend = e.shuttingDown ? nil : task
+            if e.shuttingDown { task.cancel() }
+        }
     }
 
     func origin() -> JSONValue {

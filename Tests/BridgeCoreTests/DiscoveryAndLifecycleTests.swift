@@ -135,6 +135,33 @@ import Testing
         }
     }
 
+    /// States are not retained by default: after Home Assistant's birth the bridge publishes every device's state
+    /// again, once Home Assistant has had `state_resend_delay` (30 s) to make the entities; a second birth meanwhile
+    /// starts the wait again.
+    @Test func statesAreSentAgainAfterHomeAssistantsBirth() async throws {
+        try await withBridge(docsConfig) { h in
+            try advertiseBalcony(h)
+            try await h.mqtt.waitForMessage(on: "blebridge/balcony")
+            let states = h.mqtt.messages(on: "blebridge/balcony").count
+            let birth = h.clock.now
+            h.mqtt.inject("homeassistant/status", "online")
+            try await eventually("the resend waits") { h.clock.hasSleeper(at: birth + .seconds(30)) }
+            h.clock.advance(by: .seconds(20))
+            h.mqtt.inject("homeassistant/status", "online")
+            try await eventually("the wait starts again") { h.clock.hasSleeper(at: birth + .seconds(50)) }
+            h.clock.advance(by: .seconds(15))  // 35 s after the first birth: the first wait was cancelled
+            h.mqtt.inject("blebridge/bridge/request/info", "")
+            try await h.mqtt.waitForMessage(on: "blebridge/bridge/response/info")
+            #expect(h.mqtt.messages(on: "blebridge/balcony").count == states)
+            h.clock.advance(by: .seconds(15))
+            let again = try await h.mqtt.waitForMessage(on: "blebridge/balcony", skip: states)
+            #expect(try JSONReader.parse(again.payload)["temperature_c"] != nil)
+            h.mqtt.inject("blebridge/bridge/request/info", "")
+            try await h.mqtt.waitForMessage(on: "blebridge/bridge/response/info", skip: 1)
+            #expect(h.mqtt.messages(on: "blebridge/balcony").count == states + 1)
+        }
+    }
+
     @Test func republishedWhenHomeAssistantComesOnline() async throws {
         try await withBridge(docsConfig) { h in
             #expect(h.mqtt.filters.withLock { $0 }.contains("homeassistant/status"))

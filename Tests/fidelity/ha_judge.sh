@@ -3,8 +3,8 @@
 # in a network namespace of its own when it can: loopback only). Starts, on loopback: mosquitto, bluez-sim with the
 # demo's six sensors (config/demo-scenario.yaml) on a private bus, `blebridge run --config config/demo.yaml`, a
 # subscriber recording every message, and Home Assistant core with its MQTT integration (discovery on) and
-# mqtt_statestream (every entity's state published back under hass/...), and an automation that sets the echo
-# device's text entity (a command from Home Assistant). Runs until Home Assistant has set up its MQTT
+# mqtt_statestream (every entity's state published back under hass/...), and automations that set the echo device's
+# text entity and a thermostat's number, switch and select entities (commands from Home Assistant). Runs until Home Assistant has set up its MQTT
 # entities and then JUDGE_SECONDS more, stops Home Assistant (which saves its entity registry) and everything else.
 #   ha_judge.sh BIN_DIR HASS WORK_DIR     (HASS: the hass executable of a Home Assistant core install)
 # Leaves in WORK_DIR: all.log (topic<TAB>payload, one message a line), hass.log, bridge.log and hass/.storage.
@@ -25,7 +25,24 @@ mosquitto -c "$W/mosquitto.conf" >"$W/mosquitto.log" 2>&1 & PIDS+=($!)
 for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.05; done
 mosquitto_sub -p "$PORT" -F '%t	%p' -t '#' >"$W/all.log" 2>&1 & PIDS+=($!)
 
-"$BIN/bluez-sim" --spawn-bus --scenario "$ROOT/config/demo-scenario.yaml" >"$W/sim.out" 2>&1 & PIDS+=($!)
+# The demo's sensors and one more: a thermostat whose setpoint, boost and preset are writable (Home Assistant's number,
+# switch and select entities; the demo has a text one). `peripherals` is the scenario's last key: the device is
+# appended to its list.
+cat "$ROOT/config/demo-scenario.yaml" - >"$W/scenario.yaml" <<'YAML'
+
+  # The judge's thermostat: three read/write characteristics (writes are stored, so a read gives what was written).
+  - address: "D0:12:34:56:78:9A"
+    name: "Acme Thermostat"
+    rssi: -60
+    service_uuids: ["6e400010-b5a3-f393-e0a9-e50e24dcca9e"]
+    gatt:
+      - uuid: "6e400010-b5a3-f393-e0a9-e50e24dcca9e"
+        characteristics:
+          - {uuid: "6e400020-b5a3-f393-e0a9-e50e24dcca9e", flags: [read, write], value: "34 08"}
+          - {uuid: "6e400021-b5a3-f393-e0a9-e50e24dcca9e", flags: [read, write], value: "00"}
+          - {uuid: "6e400022-b5a3-f393-e0a9-e50e24dcca9e", flags: [read, write], value: {text: "comfort"}}
+YAML
+"$BIN/bluez-sim" --spawn-bus --scenario "$W/scenario.yaml" >"$W/sim.out" 2>&1 & PIDS+=($!)
 for _ in $(seq 1 200); do grep -q "bluez-sim: ready" "$W/sim.out" && break; sleep 0.05; done
 grep -q "bluez-sim: ready" "$W/sim.out" || { cat "$W/sim.out" >&2; echo "ha_judge: bluez-sim did not start" >&2; exit 1; }
 export DBUS_SYSTEM_BUS_ADDRESS="$(sed -n 's/.*DBUS_SYSTEM_BUS_ADDRESS=//p' "$W/sim.out" | head -1)"
@@ -63,6 +80,19 @@ automation:
       - action: text.set_value
         target: {entity_id: text.echo_message}
         data: {value: "from home assistant"}
+  - alias: judge sets the thermostat
+    triggers: [{trigger: homeassistant, event: start}]
+    actions:
+      - wait_template: "{{ states('number.thermostat_setpoint') not in ['unavailable', 'unknown'] }}"
+        timeout: 60
+      - action: number.set_value
+        target: {entity_id: number.thermostat_setpoint}
+        data: {value: 22.5}
+      - action: switch.turn_on
+        target: {entity_id: switch.thermostat_boost}
+      - action: select.select_option
+        target: {entity_id: select.thermostat_preset}
+        data: {option: eco}
 YAML
 cat >"$W/hass/.storage/core.config_entries" <<JSON
 {"version": 1, "minor_version": 1, "key": "core.config_entries", "data": {"entries": [
@@ -72,7 +102,42 @@ cat >"$W/hass/.storage/core.config_entries" <<JSON
   "pref_disable_new_entities": false, "pref_disable_polling": false}]}}
 JSON
 
-sed "s|mqtt://127.0.0.1:1883|mqtt://127.0.0.1:$PORT|" "$ROOT/config/demo.yaml" >"$W/demo.yaml"
+# config/demo.yaml with homeassistant.state_resend_delay 3, the thermostat's parsers at the end of `parsers` (just before `devices:`) and the thermostat
+# at the end of `devices` (just before `peripheral:`).
+cat >"$W/parsers.yaml" <<'YAML'
+  - name: judge_setpoint
+    uuid: 6e400020-b5a3-f393-e0a9-e50e24dcca9e
+    fields:
+      - {name: setpoint_c, type: s16le, offset: 0, scale: 0.01}
+  - name: judge_boost
+    uuid: 6e400021-b5a3-f393-e0a9-e50e24dcca9e
+    fields:
+      - {name: boost, type: "bool:bit0", offset: 0}
+  - name: judge_preset
+    uuid: 6e400022-b5a3-f393-e0a9-e50e24dcca9e
+    fields:
+      - {name: preset, type: utf8, offset: 0}
+YAML
+cat >"$W/devices.yaml" <<'YAML'
+  - name: thermostat
+    match: {address: "D0:12:34:56:78:9A"}
+    mode: connected
+    poll: [judge_setpoint, judge_boost, judge_preset]
+    writable:
+      - {name: setpoint_c, min: 5, max: 30, step: 0.5}
+      - boost
+      - {name: preset, platform: select, options: [comfort, eco, away]}
+YAML
+python3 - "$ROOT/config/demo.yaml" "$W/parsers.yaml" "$W/devices.yaml" "$PORT" >"$W/demo.yaml" <<'PY'
+import sys
+text, parsers, devices = (open(p).read() for p in sys.argv[1:4])
+text = text.replace("mqtt://127.0.0.1:1883", f"mqtt://127.0.0.1:{sys.argv[4]}")
+text = text.replace("\ndevices:\n", "\n" + parsers + "devices:\n", 1)
+# States again 3 s after Home Assistant's birth (30 s by default): the thermostat reports once, before it starts.
+text = text.replace("\nparsers:\n", "\nhomeassistant: {state_resend_delay: 3}\nparsers:\n", 1)
+text = text.replace("\nperipheral:", "\n" + devices + "peripheral:", 1)
+print(text, end="")
+PY
 "$BIN/blebridge" run --config "$W/demo.yaml" >"$W/bridge.log" 2>&1 & BRIDGE=$!
 PIDS+=($BRIDGE)
 "$HASS" -c "$W/hass" --skip-pip >"$W/hass.log" 2>&1 & HA=$!

@@ -6,8 +6,9 @@ publishes every entity's state back under hass/<domain>/<object id>/state. Tests
 (config/demo.yaml on config/demo-scenario.yaml's six sensors) with it, in a network namespace of its own when it can.
 Judged: Home Assistant makes an entity of every component of every discovery message, with distinct entity ids; its
 log has no warning or error about the bridge's discovery, templates or states; the states it shows are the bridge's
-values; every device's entities are available; and a value Home Assistant sets on a writable entity (an automation
-sets the echo device's text) is written to the device, which echoes it back into Home Assistant.
+values; every device's entities are available; and the values Home Assistant sets on writable entities (automations
+set the echo device's text, and a thermostat's number, switch and select, a device the judge adds to the demo) are
+written to the devices and shown back in Home Assistant.
 """
 import json
 import math
@@ -76,8 +77,8 @@ def judged(binaries, tmp_path_factory):
 
 def test_every_component_becomes_an_entity_with_its_own_id(judged):
     discovery = judged.discovery()
-    # The bridge and the six demo devices.
-    assert len(discovery) == 7, sorted(discovery)
+    # The bridge, the six demo devices and the judge's thermostat.
+    assert len(discovery) == 8, sorted(discovery)
     by_unique_id = {e["unique_id"]: e for e in judged.entities}
     for topic, payload in discovery.items():
         for key, component in payload["cmps"].items():
@@ -146,3 +147,25 @@ def test_a_value_set_in_home_assistant_reaches_the_device(judged):
     assert "from home assistant" in judged.bridge_values("echo", "echo")
     by_unique_id = {e["unique_id"]: e for e in judged.entities}
     assert "from home assistant" in judged.states(by_unique_id["blebridge_echo_echo"]["entity_id"])
+
+
+def test_number_switch_and_select_set_in_home_assistant_are_written(judged):
+    sent = {(t, p) for t, p in judged.messages if t.startswith("blebridge/thermostat/set/")}
+    # What Home Assistant's number, switch and select entities publish on their command topics.
+    assert {("blebridge/thermostat/set/setpoint_c", "22.5"), ("blebridge/thermostat/set/boost", "ON"),
+            ("blebridge/thermostat/set/preset", "eco")} <= sent, sent
+    results = [json.loads(p) for t, p in judged.messages if t == "blebridge/thermostat/set/result"]
+    assert [r.get("status") for r in results].count("ok") >= 3, results
+    assert judged.bridge_values("thermostat", "setpoint_c")[-1] == 22.5
+    assert judged.bridge_values("thermostat", "boost")[-1] is True
+    assert judged.bridge_values("thermostat", "preset")[-1] == "eco"
+    # Read once after connecting, before Home Assistant started: shown because the bridge sends the states again
+    # after Home Assistant's birth (homeassistant.state_resend_delay), then what Home Assistant set.
+    assert judged.states("number.thermostat_setpoint")[-2:] == ["21.0", "22.5"], judged.states("number.thermostat_setpoint")
+    assert "comfort" in judged.states("select.thermostat_preset")
+    shown = {e: (judged.states(e) or ["(none)"])[-1]
+             for e in ("number.thermostat_setpoint", "switch.thermostat_boost", "select.thermostat_preset")}
+    assert shown == {"number.thermostat_setpoint": "22.5", "switch.thermostat_boost": "on",
+                     "select.thermostat_preset": "eco"}, shown
+    number = judged.discovery()["homeassistant/device/blebridge_thermostat/config"]["cmps"]["blebridge_thermostat_setpoint_c"]
+    assert (number["min"], number["max"], number["step"], number["unit_of_measurement"]) == (5, 30, 0.5, "°C"), number
