@@ -102,7 +102,7 @@ cat >"$W/hass/.storage/core.config_entries" <<JSON
   "pref_disable_new_entities": false, "pref_disable_polling": false}]}}
 JSON
 
-# config/demo.yaml with homeassistant.state_resend_delay 3, the thermostat's parsers at the end of `parsers` (just before `devices:`) and the thermostat
+# config/demo.yaml with homeassistant.state_resend_delay 3, output: attribute for the RuuviTag, the thermostat's parsers at the end of `parsers` (just before `devices:`) and the thermostat
 # at the end of `devices` (just before `peripheral:`).
 cat >"$W/parsers.yaml" <<'YAML'
   - name: judge_setpoint
@@ -135,6 +135,10 @@ text = text.replace("mqtt://127.0.0.1:1883", f"mqtt://127.0.0.1:{sys.argv[4]}")
 text = text.replace("\ndevices:\n", "\n" + parsers + "devices:\n", 1)
 # States again 3 s after Home Assistant's birth (30 s by default): the thermostat reports once, before it starts.
 text = text.replace("\nparsers:\n", "\nhomeassistant: {state_resend_delay: 3}\nparsers:\n", 1)
+# The RuuviTag publishes each field on its own topic (output: attribute), the other discovery shape.
+ruuvi = "    mode: passive                     # RuuviTag RAWv2\n"
+assert ruuvi in text
+text = text.replace(ruuvi, ruuvi + "    output: attribute\n", 1)
 text = text.replace("\nperipheral:", "\n" + devices + "peripheral:", 1)
 print(text, end="")
 PY

@@ -6,9 +6,10 @@ publishes every entity's state back under hass/<domain>/<object id>/state. Tests
 (config/demo.yaml on config/demo-scenario.yaml's six sensors) with it, in a network namespace of its own when it can.
 Judged: Home Assistant makes an entity of every component of every discovery message, with distinct entity ids; its
 log has no warning or error about the bridge's discovery, templates or states; the states it shows are the bridge's
-values; every device's entities are available; and the values Home Assistant sets on writable entities (automations
-set the echo device's text, and a thermostat's number, switch and select, a device the judge adds to the demo) are
-written to the devices and shown back in Home Assistant.
+values (the RuuviTag's read from a topic per field, `output: attribute`); every device's entities are available; a
+thermostat read once before Home Assistant started is shown (the states sent again after its birth); and the values
+Home Assistant sets on writable entities (automations set the echo device's text, and a thermostat's number, switch
+and select, a device the judge adds to the demo) are written to the devices and shown back in Home Assistant.
 """
 import json
 import math
@@ -48,12 +49,21 @@ class Judged:
         return [p for t, p in self.messages if t == f"hass/{domain}/{object_id}/state"]
 
     def bridge_values(self, device, field):
+        """The values the bridge published for a device's field: from its JSON state, or (output: attribute) from
+        the field's own topic (a string as it is, anything else as JSON)."""
         values = []
         for topic, payload in self.messages:
             if topic == f"blebridge/{device}":
                 state = json.loads(payload)
                 if state.get(field) is not None:
                     values.append(state[field])
+            elif topic == f"blebridge/{device}/{field}" and payload:
+                try:
+                    value = json.loads(payload)
+                except ValueError:
+                    value = payload
+                if value is not None:
+                    values.append(value)
         return values
 
 
@@ -127,6 +137,16 @@ def test_states_are_the_bridge_values(judged):
             compared += 1
     # Heart rate, energy, contact, battery, temperatures, humidity, pressure, RuuviTag's fields, RSSI, ...
     assert compared >= 25, compared
+
+
+def test_a_device_with_a_topic_per_field_is_shown_too(judged):
+    # output: attribute: no JSON state, each entity reads its field's topic (plain value).
+    assert not any(t == "blebridge/ruuvi" for t, _ in judged.messages)
+    component = judged.discovery()["homeassistant/device/blebridge_ruuvi/config"]["cmps"]["blebridge_ruuvi_temperature_c"]
+    assert component["state_topic"] == "blebridge/ruuvi/temperature_c" and "value_template" not in component
+    sent = judged.bridge_values("ruuvi", "temperature_c")
+    shown = [s for s in judged.states("sensor.ruuvi_temperature") if s not in ("unknown", "unavailable")]
+    assert sent and shown and all(any(math.isclose(float(s), v) for v in sent) for s in shown), (sent, shown)
 
 
 def test_every_device_is_available(judged):
