@@ -189,3 +189,17 @@ def test_number_switch_and_select_set_in_home_assistant_are_written(judged):
                      "select.thermostat_preset": "eco"}, shown
     number = judged.discovery()["homeassistant/device/blebridge_thermostat/config"]["cmps"]["blebridge_thermostat_setpoint_c"]
     assert (number["min"], number["max"], number["step"], number["unit_of_measurement"]) == (5, 30, 0.5, "°C"), number
+
+
+def test_devices_hang_off_the_bridge_with_their_bluetooth_address(judged):
+    registry = json.loads((judged.work / "hass" / ".storage" / "core.device_registry").read_text())
+    devices = {ident[1]: d for d in registry["data"]["devices"] for ident in d["identifiers"] if ident[0] == "mqtt"}
+    bridge = next(d for key, d in devices.items() if key.startswith("blebridge_bridge_"))
+    for topic, payload in judged.discovery().items():
+        key = payload["dev"]["ids"][0]
+        if key.startswith("blebridge_bridge_"):
+            continue
+        device = devices[key]
+        assert device["via_device_id"] == bridge["id"], key
+        assert device["connections"] == [["bluetooth", payload["dev"]["cns"][0][1]]], key
+        assert device["name"] == payload["dev"]["name"], key
