@@ -27,10 +27,50 @@ public enum SessionState: String, Sendable, Hashable {
     case disconnected
 }
 
+/// A device's Device Information Service strings (0x180A), as far as it has them: read once per run after the
+/// first connection, for its Home Assistant device and `bridge/devices`.
+struct DeviceInformation: Sendable, Equatable {
+    /// 2A29 Manufacturer Name String.
+    var manufacturer: String?
+    /// 2A24 Model Number String.
+    var model: String?
+    /// 2A26 Firmware Revision String.
+    var firmware: String?
+    /// 2A27 Hardware Revision String.
+    var hardware: String?
+
+    /// The characteristics read, in this order.
+    static let characteristics: [BluetoothUUID] = [0x2A29, 0x2A24, 0x2A26, 0x2A27].map { BluetoothUUID(UInt16($0)) }
+
+    /// Stores the string read from `characteristics[index]`.
+    mutating func set(_ index: Int, _ value: String?) {
+        switch index {
+        case 0: manufacturer = value
+        case 1: model = value
+        case 2: firmware = value
+        default: hardware = value
+        }
+    }
+
+    /// The string a characteristic holds: UTF-8 (invalid sequences replaced), trailing NULs and spaces and leading
+    /// spaces cut, at most 64 characters; nil when nothing is left.
+    static func text(_ bytes: [UInt8]) -> String? {
+        func blank(_ b: UInt8) -> Bool { b == 0 || b == 0x20 || (0x09...0x0D).contains(b) }
+        var end = bytes.count
+        while end > 0, blank(bytes[end - 1]) { end -= 1 }
+        var start = 0
+        while start < end, blank(bytes[start]) { start += 1 }
+        guard start < end else { return nil }
+        return String(String(decoding: bytes[start..<end], as: UTF8.self).prefix(64))
+    }
+}
+
 /// The mutable part of a device record.
 struct DeviceData {
     var address: BLEAddress?
     var advertisedName: String?
+    /// Read once per run (`Bridge.readDeviceInformation`); nil until then.
+    var deviceInformation: DeviceInformation?
     var fields: [(String, JSONValue)] = []
     var rssi: Int?
     var rssiByAdapter: [String: (rssi: Int, at: Duration)] = [:]

@@ -238,6 +238,19 @@ extension Bridge {
                     ("rssi", d.rssi.map { .int(Int64($0)) } ?? .null),
                     ("last_seen", d.lastSeenWall.map { .string(iso8601($0)) } ?? .null),
                 ]
+                if let info = d.deviceInformation {
+                    // The Device Information Service's strings, once read (after the first connection).
+                    f.append(
+                        (
+                            "device_information",
+                            .object([
+                                ("manufacturer", info.manufacturer.map(JSONValue.string) ?? .null),
+                                ("model", info.model.map(JSONValue.string) ?? .null),
+                                ("firmware", info.firmware.map(JSONValue.string) ?? .null),
+                                ("hardware", info.hardware.map(JSONValue.string) ?? .null),
+                            ])
+                        ))
+                }
                 let services = Array(Set(d.characteristics.map(\.serviceUUID))).sorted()
                 f.append(("services", .array(services.map { .string($0.description) })))
                 f.append(
@@ -368,6 +381,7 @@ extension Bridge {
         let t = topics
         let oid = objectID(r)
         let d = r.data.withLock { ($0.address, $0.advertisedName, $0.characteristicFields, $0.advertFields) }
+        let info = r.data.withLock { $0.deviceInformation } ?? DeviceInformation()
         var fields = d.2
         for f in d.3 where !fields.contains(where: { $0.name == f.name }) { fields.append(f) }
         var components: [(String, JSONValue)] = []
@@ -421,7 +435,12 @@ extension Bridge {
         if let a = d.0 {
             device.append(("cns", .array([.array([.string("bluetooth"), .string(a.text.lowercased())])])))
         }
-        if let model = d.1 { device.append(("mdl", .string(model))) }
+        // The Device Information Service's strings when the device has them (read after connecting), else the
+        // advertised name as the model.
+        if let manufacturer = info.manufacturer { device.append(("mf", .string(manufacturer))) }
+        if let model = info.model ?? d.1 { device.append(("mdl", .string(model))) }
+        if let firmware = info.firmware { device.append(("sw", .string(firmware))) }
+        if let hardware = info.hardware { device.append(("hw", .string(hardware))) }
         return .object([
             ("dev", .object(device)),
             ("o", origin()),

@@ -474,6 +474,8 @@ extension Bridge {
             ["device": r.id])
         publishEvent("connected", r, [("adapter", .string(adapter))])
         publishDevices()
+        // After the device streams (its values are delivered meanwhile; the link's end waits in `ends`).
+        await readDeviceInformation(r, link: link, characteristics)
         let end = await stream(
             r, link: link, subscribed: !subscriptions.isEmpty, ends: ends, endsContinuation: endsContinuation)
         for (_, watch) in subscriptions { watch.cancel() }
@@ -660,6 +662,27 @@ extension Bridge {
         if changed { publishDiscovery(r) }
     }
 
+    /// Reads the Device Information Service strings (`DeviceInformation`) once per device and run: they do not
+    /// change, and a device without the service is not asked again. A read that fails leaves that string out. Home
+    /// Assistant's device then shows them (`mf`, `mdl`, `sw`, `hw`), as `bridge/devices` does.
+    func readDeviceInformation(_ r: DeviceRecord, link: any BLELink, _ characteristics: [BLECharacteristic]) async {
+        guard r.data.withLock({ $0.deviceInformation == nil }) else { return }
+        var info = DeviceInformation()
+        for (index, uuid) in DeviceInformation.characteristics.enumerated() {
+            guard let c = characteristics.first(where: { $0.uuid == uuid && $0.canRead }) else { continue }
+            do throws(BLEError) {
+                info.set(index, DeviceInformation.text(try await link.read(c)))
+            } catch {
+                if error.kind == .disconnected || error.kind == .notConnected { return }  // read at the next connection
+                logger.debug("cannot read \(uuid): \(error.message)", ["device": r.id])
+            }
+        }
+        r.data.withLock { $0.deviceInformation = info }
+        guard info != DeviceInformation() else { return }
+        publishDiscovery(r)
+        publishDevices()
+    }
+
     // MARK: Poll mode
 
     func pollLoop(_ r: DeviceRecord) async {
@@ -723,6 +746,7 @@ extension Bridge {
             }
             noteCharacteristicFields(r, link.characteristics)
             await body(link)
+            await readDeviceInformation(r, link: link, link.characteristics)
             r.data.withLock { $0.link = nil }
             await uncancelled { await link.disconnect() }
             setSession(r, previous == .polling ? .discovered : previous)

@@ -118,6 +118,64 @@ import Testing
         }
     }
 
+    /// A device with the Device Information Service: its manufacturer, model number and firmware revision are read
+    /// once, after it streams, and its Home Assistant device and `bridge/devices` show them; a reconnection does not
+    /// read them again.
+    @Test func deviceInformationServiceFillsTheHomeAssistantDevice() async throws {
+        let strap = try address(ConnectedDeviceTests.strapAddress)
+        let dis = BluetoothUUID(UInt16(0x180A))
+        let manufacturer = BluetoothUUID(UInt16(0x2A29))
+        let model = BluetoothUUID(UInt16(0x2A24))
+        let firmware = BluetoothUUID(UInt16(0x2A26))
+        try await withBridge(
+            docsConfig,
+            setup: {
+                $0.addDevice(
+                    strap,
+                    try Strap.characteristics() + [
+                        characteristic(manufacturer, service: dis, ["read"]),
+                        characteristic(model, service: dis, ["read"]),
+                        characteristic(firmware, service: dis, ["read"]),
+                    ],
+                    values: [
+                        Strap.bodySensorLocation: [0x01], Strap.battery: [0x64],
+                        manufacturer: Array("Polar Electro Oy".utf8), model: Array(" H10 ".utf8),
+                        firmware: Array("3.1.1".utf8) + [0, 0],
+                    ])
+            }
+        ) { h in
+            h.central.advertise(strap, name: "Polar H10 4F2C11", rssi: -55, services: [Strap.heartRateService])
+            let payload = try await h.mqtt.waitForJSON(on: "homeassistant/device/blebridge_chest_strap/config") {
+                $0["dev"]?["sw"] != nil
+            }
+            #expect(payload["dev"]?["mf"] == .string("Polar Electro Oy"))
+            #expect(payload["dev"]?["mdl"] == .string("H10"))
+            #expect(payload["dev"]?["sw"] == .string("3.1.1"))
+            #expect(payload["dev"]?["hw"] == nil)
+            let devices = try await h.mqtt.waitForJSON(on: "blebridge/bridge/devices") {
+                $0.items?.first { $0["id"] == .string("chest_strap") }?["device_information"] != nil
+            }
+            let info = devices.items?.first { $0["id"] == .string("chest_strap") }?["device_information"]
+            #expect(info?["manufacturer"] == .string("Polar Electro Oy"))
+            #expect(info?["hardware"] == .null)
+
+            let link = try #require(h.central.links(to: strap).last)
+            #expect(link.reads.filter { $0 == manufacturer }.count == 1)
+            link.drop(requested: false, reason: "org.bluez.Reason.Timeout")
+            try await eventually("the reconnect pause") {
+                h.clock.hasSleeper(in: .milliseconds(100)...(.milliseconds(300)))
+            }
+            h.clock.advance(by: .milliseconds(300))
+            try await eventually("reconnected") { h.central.links(to: strap).count == 2 }
+            let second = try #require(h.central.links(to: strap).last)
+            try await h.mqtt.waitForMessage(
+                on: "blebridge/chest_strap/availability", skip: 2, where: { $0.text == #"{"state":"online"}"# })
+            h.mqtt.inject("blebridge/bridge/request/info", "")
+            try await h.mqtt.waitForMessage(on: "blebridge/bridge/response/info")
+            #expect(!second.reads.contains(manufacturer))
+        }
+    }
+
     @Test func writableValueIsANumberEntity() async throws {
         try await withBridge(docsConfig) { h in
             let payload = try await h.mqtt.waitForJSON(on: "homeassistant/device/blebridge_radiator/config")

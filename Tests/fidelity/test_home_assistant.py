@@ -203,3 +203,13 @@ def test_devices_hang_off_the_bridge_with_their_bluetooth_address(judged):
         assert device["via_device_id"] == bridge["id"], key
         assert device["connections"] == [["bluetooth", payload["dev"]["cns"][0][1]]], key
         assert device["name"] == payload["dev"]["name"], key
+
+
+def test_device_information_service_names_the_device(judged):
+    # The chest strap of config/demo-scenario.yaml has 180A: Polar Electro Oy, model H10, firmware 3.1.1.
+    registry = json.loads((judged.work / "hass" / ".storage" / "core.device_registry").read_text())
+    strap = next(d for d in registry["data"]["devices"] if ["mqtt", "blebridge_chest_strap"] in d["identifiers"])
+    assert (strap["manufacturer"], strap["model"], strap["sw_version"]) == ("Polar Electro Oy", "H10", "3.1.1"), strap
+    # Without the service, the advertised name is the model.
+    thermostat = next(d for d in registry["data"]["devices"] if ["mqtt", "blebridge_thermostat"] in d["identifiers"])
+    assert (thermostat["manufacturer"], thermostat["model"]) == (None, "Acme Thermostat"), thermostat
