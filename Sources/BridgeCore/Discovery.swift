@@ -515,6 +515,15 @@ extension Bridge {
         valueTemplate(name, present: "('ON' if value_json.\(name) else 'OFF')", absent: "None")
     }
 
+    /// Fields about the radio and the packets rather than what a sensor measures: a format's packet counter (BTHome
+    /// `packet_id`, RuuviTag `measurement_sequence`, MiBeacon `frame_counter`, pvvx/ATC `packet_counter`, a GATT
+    /// record's `sequence_number`), the advertised `mac` and `tx_power_dbm`. Their entities are diagnostic, as Home
+    /// Assistant's own BTHome and Ruuvi integrations make them (the device page lists them apart).
+    static let diagnosticFields: Set<String> = [
+        "packet_id", "measurement_sequence", "frame_counter", "packet_counter", "sequence_number", "mac",
+        "tx_power_dbm",
+    ]
+
     func sensorComponent(_ f: GATTFieldDescriptor, oid: String, name: String? = nil) -> JSONValue? {
         var o: [(String, JSONValue)] = []
         switch f.kind {
@@ -528,6 +537,7 @@ extension Bridge {
         }
         o.append(("name", .string(name ?? humanName(f))))
         o.append(("unique_id", .string("\(oid)_\(f.name)")))
+        if Self.diagnosticFields.contains(f.name) { o.append(("entity_category", .string("diagnostic"))) }
         // Home Assistant's enum device class needs the list of options, which a parser does not declare.
         if let dc = f.deviceClass, dc != "enum" { o.append(("device_class", .string(dc))) }
         if f.kind == .number, let unit = f.unit { o.append(("unit_of_measurement", .string(unit))) }

@@ -54,6 +54,9 @@ import Testing
             #expect(components["blebridge_balcony_humidity_pct"]?["device_class"] == .string("humidity"))
             #expect(components["blebridge_balcony_battery_pct"]?["device_class"] == .string("battery"))
             #expect(components["blebridge_balcony_rssi"]?["device_class"] == .string("signal_strength"))
+            // The packet counter is about the radio: diagnostic; a measurement is not.
+            #expect(components["blebridge_balcony_packet_id"]?["entity_category"] == .string("diagnostic"))
+            #expect(temperature["entity_category"] == nil)
 
             // Every component has a platform and a unique id, which is its key.
             guard case .object(let entries) = components else { return }

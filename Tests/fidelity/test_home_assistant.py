@@ -213,3 +213,11 @@ def test_device_information_service_names_the_device(judged):
     # Without the service, the advertised name is the model.
     thermostat = next(d for d in registry["data"]["devices"] if ["mqtt", "blebridge_thermostat"] in d["identifiers"])
     assert (thermostat["manufacturer"], thermostat["model"]) == (None, "Acme Thermostat"), thermostat
+
+
+def test_packet_counters_and_addresses_are_diagnostic(judged):
+    by_entity = {e["entity_id"]: e for e in judged.entities}
+    for entity in ("sensor.balcony_packet_id", "sensor.ruuvi_measurement_sequence", "sensor.ruuvi_mac",
+                   "sensor.ruuvi_tx_power", "sensor.ruuvi_rssi"):
+        assert by_entity[entity]["entity_category"] == "diagnostic", entity
+    assert by_entity["sensor.ruuvi_temperature"]["entity_category"] is None
