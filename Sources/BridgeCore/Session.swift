@@ -717,6 +717,8 @@ extension Bridge {
                 await self.readAndMerge(r, link: link, c)
             }
             self.requestStatePublish(r)
+            // Here, not in withTemporaryLink: a command's result does not wait for these reads.
+            await self.readDeviceInformation(r, link: link, link.characteristics)
         }
         return outcome
     }
@@ -746,7 +748,6 @@ extension Bridge {
             }
             noteCharacteristicFields(r, link.characteristics)
             await body(link)
-            await readDeviceInformation(r, link: link, link.characteristics)
             r.data.withLock { $0.link = nil }
             await uncancelled { await link.disconnect() }
             setSession(r, previous == .polling ? .discovered : previous)
