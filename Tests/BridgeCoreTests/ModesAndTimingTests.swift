@@ -106,13 +106,62 @@ func connectStrap(_ h: BridgeHarness) async throws -> FakeLink {
             let first = try #require(h.central.links(to: radiator).first)
             #expect(first.reads == [BluetoothUUID(UInt16(0x2A19))])
             try await eventually("disconnected after the poll") { first.disconnectCalls == 1 }
+            // The next poll in 60 s, besides the health report's (the same deadline: either alone would do here).
             try await eventually("waiting for the next poll, got \(h.clock.pendingDelays)") {
-                h.clock.hasSleeper(at: .seconds(60))
+                h.clock.pendingDelays.filter { $0 == .seconds(60) }.count == 2
             }
             #expect(h.central.attempts.count == 1)
             h.clock.advance(by: .seconds(60))
             try await eventually("the second poll") { h.central.links(to: radiator).count == 2 }
             try await eventually("its read") { h.central.links(to: radiator).last?.reads.count == 1 }
+        }
+    }
+
+    /// A polled device's Device Information Service is read after its first poll, once: the next polls read only
+    /// the poll list.
+    @Test func pollModeReadsTheDeviceInformationOnce() async throws {
+        let yaml = """
+            mqtt: {url: mqtt://127.0.0.1:1883}
+            devices:
+              - name: radiator
+                match: {address: "D0:12:34:56:78:9A"}
+                mode: poll
+                poll: [battery_level]
+                poll_interval: 60
+            """
+        let model = BluetoothUUID(UInt16(0x2A24))
+        let battery = BluetoothUUID(UInt16(0x2A19))
+        try await withBridge(
+            yaml,
+            setup: {
+                $0.addDevice(
+                    try address(Radiator.addressText),
+                    [
+                        characteristic(battery, service: BluetoothUUID(UInt16(0x180F)), ["read"]),
+                        characteristic(model, service: BluetoothUUID(UInt16(0x180A)), ["read"]),
+                    ],
+                    values: [battery: [0x50], model: Array("TRV-2".utf8)])
+            }
+        ) { h in
+            let radiator = try address(Radiator.addressText)
+            let discovery = try await h.mqtt.waitForJSON(on: "homeassistant/device/blebridge_radiator/config") {
+                $0["dev"]?["mdl"] != nil
+            }
+            #expect(discovery["dev"]?["mdl"] == .string("TRV-2"))
+            let first = try #require(h.central.links(to: radiator).first)
+            #expect(first.reads == [battery, model])
+            // Once the poll is over (disconnected) it waits 60 s for the next one, as the health report does.
+            try await eventually("disconnected after the poll") { first.disconnectCalls == 1 }
+            try await eventually("waiting for the next poll and health report, got \(h.clock.pendingDelays)") {
+                h.clock.pendingDelays.filter { $0 == .seconds(60) }.count == 2
+            }
+            h.clock.advance(by: .seconds(60))
+            try await eventually("the second poll, delays \(h.clock.pendingDelays)") {
+                h.central.links(to: radiator).count == 2
+            }
+            let second = try #require(h.central.links(to: radiator).last)
+            try await eventually("disconnected after the second poll") { second.disconnectCalls == 1 }
+            #expect(second.reads == [battery])
         }
     }
 
