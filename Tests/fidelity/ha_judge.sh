@@ -5,7 +5,7 @@
 # subscriber recording every message, and Home Assistant core with its MQTT integration (discovery on) and
 # mqtt_statestream (every entity's state published back under hass/...), and automations that set the echo device's
 # text entity and a thermostat's number, switch and select entities (commands from Home Assistant). Runs until Home Assistant has set up its MQTT
-# entities and then JUDGE_SECONDS more, stops Home Assistant (which saves its entity registry) and everything else.
+# entities and then JUDGE_SECONDS more (halfway the ear thermometer leaves the configuration, a reload), stops Home Assistant (which saves its entity registry) and everything else.
 #   ha_judge.sh BIN_DIR HASS WORK_DIR     (HASS: the hass executable of a Home Assistant core install)
 # Leaves in WORK_DIR: all.log (topic<TAB>payload, one message a line), hass.log, bridge.log and hass/.storage.
 set -u
@@ -20,7 +20,9 @@ PIDS=()
 stop_all() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
 trap stop_all EXIT
 
-printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\n' "$PORT" >"$W/mosquitto.conf"
+# log_type debug: mosquitto.log names the client of every PUBLISH it receives (who removed a discovery topic).
+printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\nlog_type debug\nlog_dest stdout\n' "$PORT" \
+    >"$W/mosquitto.conf"
 mosquitto -c "$W/mosquitto.conf" >"$W/mosquitto.log" 2>&1 & PIDS+=($!)
 for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.05; done
 mosquitto_sub -p "$PORT" -F '%t	%p' -t '#' >"$W/all.log" 2>&1 & PIDS+=($!)
@@ -153,7 +155,18 @@ for _ in $(seq 1 240); do
     sleep 0.5
 done
 [ $ready = 1 ] || { tail -40 "$W/hass.log" >&2; echo "ha_judge: Home Assistant did not set up MQTT" >&2; kill $HA; exit 1; }
-sleep "$SECONDS_AFTER"
+# Halfway: the ear thermometer leaves the configuration (a reload, SIGHUP): its discovery is removed, and Home
+# Assistant removes the device and its entities.
+sleep $((SECONDS_AFTER / 2))
+python3 - "$W/demo.yaml" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+text, n = re.subn(r"  - name: ear_thermometer\n(    .*\n)+", "", text)
+assert n == 1
+open(sys.argv[1], "w").write(text)
+PY
+kill -HUP $BRIDGE
+sleep $((SECONDS_AFTER - SECONDS_AFTER / 2))
 # Home Assistant first (it saves its registries on stop), while the bridge still runs.
 kill -TERM $HA
 for _ in $(seq 1 60); do kill -0 $HA 2>/dev/null || break; sleep 0.5; done
