@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Home Assistant core as a judge of the bridge's MQTT discovery (Tests/fidelity/test_home_assistant.py runs this,
 # in a network namespace of its own when it can: loopback only). Starts, on loopback: mosquitto, bluez-sim with the
-# demo's six sensors (config/demo-scenario.yaml) on a private bus, `blebridge run --config config/demo.yaml`, a
-# subscriber recording every message, and Home Assistant core with its MQTT integration (discovery on) and
-# mqtt_statestream (every entity's state published back under hass/...), and automations that set the echo device's
-# text entity and a thermostat's number, switch and select entities (commands from Home Assistant). Runs until Home Assistant has set up its MQTT
-# entities and then JUDGE_SECONDS more (halfway the ear thermometer leaves the configuration, a reload), stops Home Assistant (which saves its entity registry) and everything else.
+# demo's six sensors (config/demo-scenario.yaml) and a thermostat on a private bus, `blebridge run` with
+# config/demo.yaml (plus the thermostat), a subscriber recording every message, and Home Assistant core with its MQTT
+# integration (discovery on), mqtt_statestream (every entity's state published back under hass/...), and automations
+# that set the echo device's text entity and the thermostat's number, switch and select entities (commands from Home
+# Assistant). Runs until Home Assistant has set up its MQTT entities and then JUDGE_SECONDS more (halfway the ear
+# thermometer leaves the configuration: a reload), then stops Home Assistant (which saves its registries) and the rest.
 #   ha_judge.sh BIN_DIR HASS WORK_DIR     (HASS: the hass executable of a Home Assistant core install)
-# Leaves in WORK_DIR: all.log (topic<TAB>payload, one message a line), hass.log, bridge.log and hass/.storage.
+# Leaves in WORK_DIR: all.log (topic<TAB>payload, one message a line), hass.log, bridge.log, mosquitto.log and
+# hass/.storage.
 set -u
 BIN=$1 HASS=$2 W=$3
 SECONDS_AFTER=${JUDGE_SECONDS:-25}
@@ -46,7 +48,11 @@ cat "$ROOT/config/demo-scenario.yaml" - >"$W/scenario.yaml" <<'YAML'
 YAML
 "$BIN/bluez-sim" --spawn-bus --scenario "$W/scenario.yaml" >"$W/sim.out" 2>&1 & PIDS+=($!)
 for _ in $(seq 1 200); do grep -q "bluez-sim: ready" "$W/sim.out" && break; sleep 0.05; done
-grep -q "bluez-sim: ready" "$W/sim.out" || { cat "$W/sim.out" >&2; echo "ha_judge: bluez-sim did not start" >&2; exit 1; }
+if ! grep -q "bluez-sim: ready" "$W/sim.out"; then
+    cat "$W/sim.out" >&2
+    echo "ha_judge: bluez-sim did not start" >&2
+    exit 1
+fi
 export DBUS_SYSTEM_BUS_ADDRESS="$(sed -n 's/.*DBUS_SYSTEM_BUS_ADDRESS=//p' "$W/sim.out" | head -1)"
 
 # Home Assistant: location and units given (nothing to detect), HTTP on loopback, the MQTT config entry written as
@@ -104,8 +110,9 @@ cat >"$W/hass/.storage/core.config_entries" <<JSON
   "pref_disable_new_entities": false, "pref_disable_polling": false}]}}
 JSON
 
-# config/demo.yaml with homeassistant.state_resend_delay 3, output: attribute for the RuuviTag, the thermostat's parsers at the end of `parsers` (just before `devices:`) and the thermostat
-# at the end of `devices` (just before `peripheral:`).
+# config/demo.yaml with homeassistant.state_resend_delay 3, output: attribute for the RuuviTag, the thermostat's
+# parsers at the end of `parsers` (just before `devices:`) and the thermostat at the end of `devices` (just before
+# `peripheral:`).
 cat >"$W/parsers.yaml" <<'YAML'
   - name: judge_setpoint
     uuid: 6e400020-b5a3-f393-e0a9-e50e24dcca9e
@@ -154,7 +161,12 @@ for _ in $(seq 1 240); do
     kill -0 $HA 2>/dev/null || break
     sleep 0.5
 done
-[ $ready = 1 ] || { tail -40 "$W/hass.log" >&2; echo "ha_judge: Home Assistant did not set up MQTT" >&2; kill $HA; exit 1; }
+if [ $ready != 1 ]; then
+    tail -40 "$W/hass.log" >&2
+    echo "ha_judge: Home Assistant did not set up MQTT" >&2
+    kill $HA
+    exit 1
+fi
 # Halfway: the ear thermometer leaves the configuration (a reload, SIGHUP): its discovery is removed, and Home
 # Assistant removes the device and its entities.
 sleep $((SECONDS_AFTER / 2))

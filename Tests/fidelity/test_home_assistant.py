@@ -161,7 +161,8 @@ def test_states_are_the_bridge_values(judged):
 def test_a_device_with_a_topic_per_field_is_shown_too(judged):
     # output: attribute: no JSON state, each entity reads its field's topic (plain value).
     assert not any(t == "blebridge/ruuvi" for t, _ in judged.messages)
-    component = judged.discovery()["homeassistant/device/blebridge_ruuvi/config"]["cmps"]["blebridge_ruuvi_temperature_c"]
+    ruuvi = judged.discovery()["homeassistant/device/blebridge_ruuvi/config"]
+    component = ruuvi["cmps"]["blebridge_ruuvi_temperature_c"]
     assert component["state_topic"] == "blebridge/ruuvi/temperature_c" and "value_template" not in component
     sent = judged.bridge_values("ruuvi", "temperature_c")
     shown = [s for s in judged.states("sensor.ruuvi_temperature") if s not in ("unknown", "unavailable")]
@@ -200,13 +201,15 @@ def test_number_switch_and_select_set_in_home_assistant_are_written(judged):
     assert judged.bridge_values("thermostat", "preset")[-1] == "eco"
     # Read once after connecting, before Home Assistant started: shown because the bridge sends the states again
     # after Home Assistant's birth (homeassistant.state_resend_delay), then what Home Assistant set.
-    assert judged.states("number.thermostat_setpoint")[-2:] == ["21.0", "22.5"], judged.states("number.thermostat_setpoint")
+    setpoints = judged.states("number.thermostat_setpoint")
+    assert setpoints[-2:] == ["21.0", "22.5"], setpoints
     assert "comfort" in judged.states("select.thermostat_preset")
     shown = {e: (judged.states(e) or ["(none)"])[-1]
              for e in ("number.thermostat_setpoint", "switch.thermostat_boost", "select.thermostat_preset")}
     assert shown == {"number.thermostat_setpoint": "22.5", "switch.thermostat_boost": "on",
                      "select.thermostat_preset": "eco"}, shown
-    number = judged.discovery()["homeassistant/device/blebridge_thermostat/config"]["cmps"]["blebridge_thermostat_setpoint_c"]
+    thermostat = judged.discovery()["homeassistant/device/blebridge_thermostat/config"]
+    number = thermostat["cmps"]["blebridge_thermostat_setpoint_c"]
     assert (number["min"], number["max"], number["step"], number["unit_of_measurement"]) == (5, 30, 0.5, "°C"), number
 
 
