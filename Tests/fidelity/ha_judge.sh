@@ -6,7 +6,8 @@
 # integration (discovery on), mqtt_statestream (every entity's state published back under hass/...), and automations
 # that set the echo device's text entity and the thermostat's number, switch and select entities (commands from Home
 # Assistant). Runs until Home Assistant has set up its MQTT entities and then JUDGE_SECONDS more (halfway the ear
-# thermometer leaves the configuration: a reload), then stops Home Assistant (which saves its registries) and the rest.
+# thermometer leaves the configuration: a reload), then stops the bridge, then Home Assistant (which saves its
+# registries) and the rest.
 #   ha_judge.sh BIN_DIR HASS WORK_DIR     (HASS: the hass executable of a Home Assistant core install)
 # Leaves in WORK_DIR: all.log (topic<TAB>payload, one message a line), hass.log, bridge.log, mosquitto.log and
 # hass/.storage.
@@ -179,7 +180,13 @@ open(sys.argv[1], "w").write(text)
 PY
 kill -HUP $BRIDGE
 sleep $((SECONDS_AFTER - SECONDS_AFTER / 2))
-# Home Assistant first (it saves its registries on stop), while the bridge still runs.
+# The bridge stops (SIGTERM) while Home Assistant runs: its entities must all become unavailable. A marker message
+# in all.log tells the judge where this begins.
+mosquitto_pub -p "$PORT" -t judge/mark -m bridge-stopping
+kill -TERM $BRIDGE
+for _ in $(seq 1 40); do kill -0 $BRIDGE 2>/dev/null || break; sleep 0.5; done
+sleep 3
+# Then Home Assistant (it saves its registries on stop).
 kill -TERM $HA
 for _ in $(seq 1 60); do kill -0 $HA 2>/dev/null || break; sleep 0.5; done
 kill -KILL $HA 2>/dev/null

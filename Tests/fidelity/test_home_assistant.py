@@ -28,10 +28,15 @@ HA_VENV = pathlib.Path(os.environ.get("BLEBRIDGE_HA_VENV", "/var/cache/blebridge
 class Judged:
     def __init__(self, work: pathlib.Path):
         self.work = work
-        self.messages = []
+        # Until the bridge stops (ha_judge.sh marks where), and after.
+        self.messages, self.after_stop = [], []
+        target = self.messages
         for line in (work / "all.log").read_text(errors="replace").splitlines():
             topic, _, payload = line.partition("\t")
-            self.messages.append((topic, payload))
+            if topic == "judge/mark" and payload == "bridge-stopping":
+                target = self.after_stop
+                continue
+            target.append((topic, payload))
         self.hass_log = (work / "hass.log").read_text(errors="replace")
         registry = json.loads((work / "hass" / ".storage" / "core.entity_registry").read_text())
         self.entities = [e for e in registry["data"]["entities"] if e["platform"] == "mqtt"]
@@ -260,3 +265,22 @@ def test_a_device_that_leaves_the_configuration_leaves_home_assistant(judged):
     assert not [d for d in registry["data"]["devices"] if ["mqtt", "blebridge_ear_thermometer"] in d["identifiers"]]
     # It had been there: its temperature was shown before.
     assert {"36.6", "36.7", "36.8"} & set(judged.states("sensor.ear_thermometer_temperature_degc"))
+
+
+def test_every_entity_is_unavailable_once_the_bridge_stops(judged):
+    # The bridge's last will and its shutdown say offline on bridge/state (and each device's availability), which
+    # every entity's availability list includes.
+    assert ("blebridge/bridge/state", '{"state":"offline"}') in judged.after_stop
+    last = {t: p for t, p in judged.after_stop if t.startswith("hass/")}
+    by_unique_id = {e["unique_id"]: e for e in judged.entities}
+    checked = 0
+    for topic, payload in judged.discovery().items():
+        for key in payload["cmps"]:
+            entity = by_unique_id[key]
+            if entity["disabled_by"] is not None:  # last_seen: disabled by default, no state
+                continue
+            domain, object_id = entity["entity_id"].split(".", 1)
+            expected = "off" if key.startswith("blebridge_bridge_") else "unavailable"
+            assert last.get(f"hass/{domain}/{object_id}/state") == expected, (entity["entity_id"], expected)
+            checked += 1
+    assert checked >= 30, checked  # every enabled entity of the seven devices and the bridge
