@@ -877,6 +877,13 @@ public final class Bridge: Sendable {
                     publishDiscovery(r, force: true)
                 }
                 r.wakeSession()
+            case .gatewayLeft(let gateway):
+                let passive = records.filter { $0.config.mode == .passive }
+                guard config.homeAssistant.enabled, !passive.isEmpty else { continue }
+                logger.info(
+                    "gateway \(gateway) went offline: publishing the discovery of \(passive.count) passive device(s)"
+                        + " again, naming this gateway")
+                for r in passive { publishDiscovery(r, force: true) }
             }
         }
     }

@@ -11,6 +11,9 @@ enum GatewayEffect: Sendable, Equatable {
     case handOver(device: String, to: String)
     /// The device's ownership changed: wake its session (it may connect now, or must wait).
     case wake(device: String)
+    /// Another gateway went offline: the Home Assistant discovery of passive devices, which every gateway publishes
+    /// naming itself (availability included), may name that one; publish it again naming this one.
+    case gatewayLeft(String)
 }
 
 /// One gateway's view of the others and of the claims, and its own sightings and claims.
@@ -110,10 +113,14 @@ final class GatewayCoordination: Sendable {
         case "state":
             let online = json?["state"]?.string == "online"
             // An owner going away lets the others claim at the next evaluation (each tick).
-            state.withLock { s in
-                if online { s.online.insert(first) } else { s.online.remove(first) }
+            let left = state.withLock { s -> Bool in
+                if online {
+                    s.online.insert(first)
+                    return false
+                }
+                return s.online.remove(first) != nil
             }
-            return (true, [])
+            return (true, left && first != me ? [.gatewayLeft(first)] : [])
         case "sightings":
             guard first != me else { return (true, []) }
             state.withLock { s in

@@ -71,6 +71,51 @@ struct TwoPassiveGateways {
 }
 
 @Suite struct PassiveGatewayTests {
+    /// Every gateway publishes a passive device's Home Assistant discovery naming itself (via_device, and its
+    /// bridge state among the availability topics); the broker keeps the last. When that gateway goes offline, the
+    /// others publish it again naming themselves, so that the entities do not stay unavailable while they still
+    /// publish the device's readings.
+    @Test func aPassiveDevicesDiscoveryNamesALiveGatewayAfterOneLeaves() async throws {
+        let broker = FakeBroker()
+        let clock = TestClock()
+        let config = { (id: String) in
+            """
+            mqtt: {url: mqtt://127.0.0.1:1883}
+            gateway: {id: \(id)}
+            devices:
+              - {name: balcony, match: {address: "A4:C1:38:12:34:56"}, mode: passive}
+            """
+        }
+        let gateways = [
+            "a": try startGateway("a", config: config("a"), broker: broker, clock: clock),
+            "b": try startGateway("b", config: config("b"), broker: broker, clock: clock),
+        ]
+        let topic = "homeassistant/device/blebridge_balcony/config"
+        /// The gateway the retained discovery names (via_device `blebridge_bridge_<id>`), and its availability topics.
+        func named() -> (gateway: String?, availability: [String]) {
+            guard let m = broker.retainedMessages.last(where: { $0.topic == topic }),
+                let v = try? JSONReader.parse(Array(m.text.utf8)), let via = v["dev"]?["via_device"]?.string
+            else { return (nil, []) }
+            return (
+                String(via.dropFirst("blebridge_bridge_".count)),
+                v["availability"]?.items?.compactMap { $0["topic"]?.string } ?? []
+            )
+        }
+        try await eventually("both online, a discovery retained") {
+            broker.retainedMessages.contains { $0.topic == "blebridge/bridge/a/state" }
+                && broker.retainedMessages.contains { $0.topic == "blebridge/bridge/b/state" }
+                && named().gateway != nil
+        }
+        let first = try #require(named().gateway)
+        let other = first == "a" ? "b" : "a"
+        #expect(named().availability.contains("blebridge/bridge/\(first)/state"))
+        _ = await gateways[first]?.stop()
+        try await eventually("\(other) names itself again") { named().gateway == other }
+        #expect(named().availability.contains("blebridge/bridge/\(other)/state"))
+        #expect(!named().availability.contains("blebridge/bridge/\(first)/state"))
+        _ = await gateways[other]?.stop()
+    }
+
     @Test func aReadingWithACounterIsADuplicateOnlyWithTheSameFields() {
         let p = PassiveReadings(window: 2, delay: 0.3)
         var r = GATTReading()
