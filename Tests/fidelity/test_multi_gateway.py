@@ -16,10 +16,10 @@ def scenario(rssi):
             + hr_peripheral(STRAP, rssi, name="HR strap") + bthome_thermometer(THERMO, rssi))
 
 
-def config(port, gateway, extra=""):
+def config(port, gateway, extra="", homeassistant=False):
     return f"""
 mqtt: {{url: "mqtt://127.0.0.1:{port}"}}
-homeassistant: {{enabled: false}}
+homeassistant: {{enabled: {str(homeassistant).lower()}}}
 gateway: {{id: {gateway}, handover_after: 3{extra}}}
 availability: {{passive_timeout: 3, passive_intervals: 3}}
 devices:
@@ -47,8 +47,9 @@ def settle(predicate, timeout=20, what="condition"):
 
 
 class Gateways:
-    def __init__(self, port, rssi_a, rssi_b, extra="", rssi_c=None, later=()):
+    def __init__(self, port, rssi_a, rssi_b, extra="", rssi_c=None, later=(), homeassistant=False):
         """`later`: gateways not started yet (`start(g)`)."""
+        self.homeassistant = homeassistant
         rssi = {"a": rssi_a, "b": rssi_b}
         if rssi_c is not None:
             rssi["c"] = rssi_c
@@ -61,7 +62,7 @@ class Gateways:
                 self.start(g)
 
     def start(self, g):
-        self.bridges[g] = BridgeProcess(config(self.port, g, self.extra), self.sims[g].env)
+        self.bridges[g] = BridgeProcess(config(self.port, g, self.extra, self.homeassistant), self.sims[g].env)
 
     def close(self):
         for b in self.bridges.values():
@@ -111,6 +112,43 @@ def test_one_gateway_serves_and_another_takes_over_when_it_is_killed(broker):
             raise AssertionError(f"{e}; a's log:\n{g.bridges['a'].log()[-3000:]}")
         assert claim_owner(j) == "b" and connected(g.sims["b"]) == 1
         assert "b serves it: disconnecting" in g.bridges["a"].log()
+    finally:
+        g.close()
+
+
+def test_home_assistant_discovery_of_a_passive_device_names_a_live_gateway(broker):
+    """Every gateway publishes the passive thermometer's discovery naming itself (via_device, its bridge state among
+    the availability topics); the broker keeps the last. When that gateway dies, the other publishes it again naming
+    itself, or Home Assistant would keep the thermometer unavailable while the other still publishes its readings."""
+    g = Gateways(broker.port, -50, -80, homeassistant=True)
+    topic = "homeassistant/device/blebridge_thermo/config"
+
+    def named():
+        messages = g.judge.json_on(topic)
+        return messages[-1]["dev"]["via_device"].removeprefix("blebridge_bridge_") if messages else None
+
+    try:
+        j = g.judge
+        for gw in ("a", "b"):
+            j.wait_json(f"blebridge/bridge/{gw}/state", lambda v: v == {"state": "online"})
+        j.wait_json("blebridge/thermo", lambda v: "temperature_c" in v)
+        j.wait(lambda m: named() in ("a", "b"), what="the thermometer's discovery")
+        time.sleep(2)  # both gateways' first discovery messages are out
+        first = named()
+        other = "b" if first == "a" else "a"
+        killed = time.monotonic()
+        g.bridges[first].proc.kill()
+        j.wait_json(f"blebridge/bridge/{first}/state", lambda v: v == {"state": "offline"}, after=killed)
+        j.wait(lambda m: named() == other, timeout=20, what=f"{other} naming itself in the discovery")
+        availability = [a["topic"] for a in j.json_on(topic)[-1]["availability"]]
+        assert f"blebridge/bridge/{other}/state" in availability and f"blebridge/bridge/{first}/state" not in availability
+        # The retained message a new Home Assistant gets names the live gateway too.
+        late = Judge(broker.port, filters=(topic,))
+        try:
+            late.wait(lambda m: any(t == topic for _, t, _, _ in m), what="the retained discovery")
+            assert json.loads(late.on(topic)[-1][2])["dev"]["via_device"] == f"blebridge_bridge_{other}"
+        finally:
+            late.close()
     finally:
         g.close()
 
