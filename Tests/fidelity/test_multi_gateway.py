@@ -141,7 +141,8 @@ def test_home_assistant_discovery_of_a_passive_device_names_a_live_gateway(broke
         j.wait_json(f"blebridge/bridge/{first}/state", lambda v: v == {"state": "offline"}, after=killed)
         j.wait(lambda m: named() == other, timeout=20, what=f"{other} naming itself in the discovery")
         availability = [a["topic"] for a in j.json_on(topic)[-1]["availability"]]
-        assert f"blebridge/bridge/{other}/state" in availability and f"blebridge/bridge/{first}/state" not in availability
+        assert f"blebridge/bridge/{other}/state" in availability
+        assert f"blebridge/bridge/{first}/state" not in availability
         # The retained message a new Home Assistant gets names the live gateway too.
         late = Judge(broker.port, filters=(topic,))
         try:
