@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Home Assistant core as a judge of the bridge's MQTT discovery (Tests/fidelity/test_home_assistant.py runs this,
 # in a network namespace of its own when it can: loopback only). Starts, on loopback: mosquitto, bluez-sim with the
-# demo's six sensors (config/demo-scenario.yaml) and a thermostat on a private bus, `blebridge run` with
-# config/demo.yaml (plus the thermostat), a subscriber recording every message, and Home Assistant core with its MQTT
+# demo's six sensors (config/demo-scenario.yaml), a thermostat and a BTHome thermometer on a private bus, `blebridge
+# run` with config/demo.yaml (plus the thermostat, and the thermometer as an auto device), a subscriber recording every message, and Home Assistant core with its MQTT
 # integration (discovery on), mqtt_statestream (every entity's state published back under hass/...), and automations
 # that set the echo device's text entity and the thermostat's number, switch and select entities (commands from Home
 # Assistant). Runs until Home Assistant has set up its MQTT entities and then JUDGE_SECONDS more (halfway the ear
@@ -46,6 +46,19 @@ cat "$ROOT/config/demo-scenario.yaml" - >"$W/scenario.yaml" <<'YAML'
           - {uuid: "6e400020-b5a3-f393-e0a9-e50e24dcca9e", flags: [read, write], value: "34 08"}
           - {uuid: "6e400021-b5a3-f393-e0a9-e50e24dcca9e", flags: [read, write], value: "00"}
           - {uuid: "6e400022-b5a3-f393-e0a9-e50e24dcca9e", flags: [read, write], value: {text: "comfort"}}
+
+  # A BTHome thermometer no device entry names: an auto device (auto_devices, its allow list).
+  - address: "A4:C1:38:11:22:33"
+    name: "ATC_112233"
+    rssi: -70
+    connectable: false
+    advertising_interval: 0.5
+    service_data:
+      - uuid: "FCD2"
+        period: 2
+        sequence:
+          - "40 00 01 01 50 02 08 07 03 B8 0B"     # 18.00 °C, 30.00 %, 80 %
+          - "40 00 02 01 50 02 12 07 03 B8 0B"     # 18.10 °C
 YAML
 "$BIN/bluez-sim" --spawn-bus --scenario "$W/scenario.yaml" >"$W/sim.out" 2>&1 & PIDS+=($!)
 for _ in $(seq 1 200); do grep -q "bluez-sim: ready" "$W/sim.out" && break; sleep 0.05; done
@@ -145,6 +158,8 @@ text = text.replace("mqtt://127.0.0.1:1883", f"mqtt://127.0.0.1:{sys.argv[4]}")
 text = text.replace("\ndevices:\n", "\n" + parsers + "devices:\n", 1)
 # States again 3 s after Home Assistant's birth (30 s by default): the thermostat reports once, before it starts.
 text = text.replace("\nparsers:\n", "\nhomeassistant: {state_resend_delay: 3}\nparsers:\n", 1)
+# Auto devices: the extra BTHome thermometer only.
+text = text.replace("\nparsers:\n", '\nauto_devices: {enabled: true, allow: ["A4:C1:38:11:22:33"]}\nparsers:\n', 1)
 # The RuuviTag publishes each field on its own topic (output: attribute), the other discovery shape.
 ruuvi = "    mode: passive                     # RuuviTag RAWv2\n"
 assert ruuvi in text

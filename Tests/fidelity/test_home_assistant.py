@@ -95,8 +95,9 @@ def judged(binaries, tmp_path_factory):
 
 def test_every_component_becomes_an_entity_with_its_own_id(judged):
     discovery = judged.discovery()
-    # The bridge, the six demo devices and the judge's thermostat, less the ear thermometer (removed by a reload).
-    assert len(discovery) == 7, sorted(discovery)
+    # The bridge, the six demo devices, the judge's thermostat and auto device, less the ear thermometer (removed
+    # by a reload).
+    assert len(discovery) == 8, sorted(discovery)
     by_unique_id = {e["unique_id"]: e for e in judged.entities}
     for topic, payload in discovery.items():
         for key, component in payload["cmps"].items():
@@ -284,3 +285,12 @@ def test_every_entity_is_unavailable_once_the_bridge_stops(judged):
             assert last.get(f"hass/{domain}/{object_id}/state") == expected, (entity["entity_id"], expected)
             checked += 1
     assert checked >= 30, checked  # every enabled entity of the seven devices and the bridge
+
+
+def test_an_auto_device_is_a_home_assistant_device_too(judged):
+    # auto_devices: the BTHome thermometer no entry names, id its compact address, named by its advertised name.
+    payload = judged.discovery()["homeassistant/device/blebridge_a4c138112233/config"]
+    assert payload["dev"]["name"] == "ATC_112233"
+    by_unique_id = {e["unique_id"]: e for e in judged.entities}
+    entity = by_unique_id["blebridge_a4c138112233_temperature_c"]["entity_id"]
+    assert {"18.0", "18.1"} & set(judged.states(entity)), judged.states(entity)
