@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Home Assistant core as a judge of the bridge's MQTT discovery (Tests/fidelity/test_home_assistant.py runs this,
-# in a network namespace of its own when it can: loopback only). Starts, on loopback: mosquitto, bluez-sim with the
-# demo's six sensors (config/demo-scenario.yaml), a thermostat and a BTHome thermometer on a private bus, `blebridge
-# run` with config/demo.yaml (plus the thermostat, and the thermometer as an auto device), a subscriber recording every message, and Home Assistant core with its MQTT
-# integration (discovery on), mqtt_statestream (every entity's state published back under hass/...), and automations
-# that set the echo device's text entity and the thermostat's number, switch and select entities (commands from Home
-# Assistant). Runs until Home Assistant has set up its MQTT entities and then JUDGE_SECONDS more (halfway the ear
-# thermometer leaves the configuration: a reload), then stops the bridge, then Home Assistant (which saves its
-# registries) and the rest.
+# Home Assistant core as a judge of the bridge's MQTT discovery (Tests/fidelity/test_home_assistant.py runs this, in a
+# network namespace of its own when it can: loopback only). Starts, on loopback: mosquitto, bluez-sim with the demo's
+# six sensors (config/demo-scenario.yaml), a thermostat and a BTHome thermometer on a private bus, `blebridge run`
+# with config/demo.yaml (plus the thermostat, and the thermometer as an auto device), a subscriber recording every
+# message, and Home Assistant core with its MQTT integration (discovery on), mqtt_statestream (every entity's state
+# published back under hass/...), and automations that set the echo device's text entity and the thermostat's number,
+# switch and select entities (commands from Home Assistant). Runs until Home Assistant has set up its MQTT entities
+# and then JUDGE_SECONDS more (halfway the ear thermometer leaves the configuration: a reload), then stops the bridge,
+# then Home Assistant (which saves its registries) and the rest.
 #   ha_judge.sh BIN_DIR HASS WORK_DIR     (HASS: the hass executable of a Home Assistant core install)
 # Leaves in WORK_DIR: all.log (topic<TAB>payload, one message a line), hass.log, bridge.log, mosquitto.log and
 # hass/.storage.
