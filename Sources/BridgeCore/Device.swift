@@ -88,7 +88,8 @@ struct DeviceData {
     var link: (any BLELink)?
     var characteristics: [BLECharacteristic] = []
     var characteristicFields: [GATTFieldDescriptor] = []
-    var discoverySignature: String?
+    /// The hash of the last discovery message published (`publishDiscovery`).
+    var discoverySignature: Int?
     var lastError: String?
     var reconnects = 0
     var messages = 0

@@ -361,15 +361,18 @@ extension Bridge {
         guard c.homeAssistant.enabled else { return }
         // Several gateways: the one that serves a device publishes its discovery (naming itself as via_device).
         if let g = coordination, r.config.mode != .passive, !g.mayConnect(r.id) { return }
-        let payload = discoveryPayload(r, c)
-        let text = payload.text
+        let bytes = discoveryPayload(r, c).bytes
+        // A hash of the message, not its text (a few kilobytes a device, kept for the life of the process).
+        var hasher = Hasher()
+        hasher.combine(bytes)
+        let signature = hasher.finalize()
         let changed = r.data.withLock { d -> Bool in
-            if d.discoverySignature == text && !force { return false }
-            d.discoverySignature = text
+            if d.discoverySignature == signature && !force { return false }
+            d.discoverySignature = signature
             return true
         }
         guard changed else { return }
-        publish(topics.discovery(objectID(r)), payload.bytes, qos: 1, retain: true)
+        publish(topics.discovery(objectID(r)), bytes, qos: 1, retain: true)
     }
 
     /// Removes a device from Home Assistant (empty retained discovery message).
