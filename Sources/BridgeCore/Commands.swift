@@ -143,10 +143,10 @@ extension Bridge {
         if let peripheral, peripheral.handle(message) { return }
         if c.homeAssistant.enabled, message.topic == c.homeAssistant.statusTopic {
             if message.text == "online" {
-                logger.info(
-                    "Home Assistant is online: publishing discovery again, the device states in \(c.homeAssistant.stateResendDelay)")
+                let delay = c.homeAssistant.stateResendDelay
+                logger.info("Home Assistant is online: publishing discovery again, the device states in \(delay)")
                 publishAllDiscovery()
-                resendStatesLater(after: c.homeAssistant.stateResendDelay)
+                resendStatesLater(after: delay)
             }
             return
         }

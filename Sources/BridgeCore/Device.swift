@@ -39,29 +39,12 @@ struct DeviceInformation: Sendable, Equatable {
     /// 2A27 Hardware Revision String.
     var hardware: String?
 
-    /// The characteristics read, in this order.
-    static let characteristics: [BluetoothUUID] = [0x2A29, 0x2A24, 0x2A26, 0x2A27].map { BluetoothUUID(UInt16($0)) }
-
-    /// Stores the string read from `characteristics[index]`.
-    mutating func set(_ index: Int, _ value: String?) {
-        switch index {
-        case 0: manufacturer = value
-        case 1: model = value
-        case 2: firmware = value
-        default: hardware = value
-        }
-    }
-
-    /// The string a characteristic holds: UTF-8 (invalid sequences replaced), trailing NULs and spaces and leading
-    /// spaces cut, at most 64 characters; nil when nothing is left.
-    static func text(_ bytes: [UInt8]) -> String? {
-        func blank(_ b: UInt8) -> Bool { b == 0 || b == 0x20 || (0x09...0x0D).contains(b) }
-        var end = bytes.count
-        while end > 0, blank(bytes[end - 1]) { end -= 1 }
-        var start = 0
-        while start < end, blank(bytes[start]) { start += 1 }
-        guard start < end else { return nil }
-        return String(String(decoding: bytes[start..<end], as: UTF8.self).prefix(64))
+    /// The characteristics read, and where each string goes (the registry's string parsers decode them).
+    static var characteristics: [(BluetoothUUID, WritableKeyPath<DeviceInformation, String?>)] {
+        [
+            (BluetoothUUID(UInt16(0x2A29)), \.manufacturer), (BluetoothUUID(UInt16(0x2A24)), \.model),
+            (BluetoothUUID(UInt16(0x2A26)), \.firmware), (BluetoothUUID(UInt16(0x2A27)), \.hardware),
+        ]
     }
 }
 

@@ -311,9 +311,10 @@ extension Bridge {
             guard !Task.isCancelled, !engine.withLock({ $0.shuttingDown }) else { return }
             for r in records where r.data.withLock({ !$0.fields.isEmpty }) { publishState(r) }
         }
+        // The one before is replaced; after shutdown (which cancels the one it finds) nothing is kept.
         engine.withLock { e in
             e.stateResend?.cancel()
-            e.stateResend = e.shuttingDown ? nil : task
+            e.stateResend = task
             if e.shuttingDown { task.cancel() }
         }
     }
@@ -383,8 +384,9 @@ extension Bridge {
     func discoveryPayload(_ r: DeviceRecord, _ c: BridgeConfig) -> JSONValue {
         let t = topics
         let oid = objectID(r)
-        let d = r.data.withLock { ($0.address, $0.advertisedName, $0.characteristicFields, $0.advertFields) }
-        let info = r.data.withLock { $0.deviceInformation } ?? DeviceInformation()
+        let (d, info) = r.data.withLock {
+            (($0.address, $0.advertisedName, $0.characteristicFields, $0.advertFields), $0.deviceInformation)
+        }
         var fields = d.2
         for f in d.3 where !fields.contains(where: { $0.name == f.name }) { fields.append(f) }
         var components: [(String, JSONValue)] = []
@@ -427,7 +429,8 @@ extension Bridge {
                     ("p", .string("sensor")), ("name", .string("Last seen")),
                     ("unique_id", .string("\(oid)_last_seen")),
                     ("device_class", .string("timestamp")), ("entity_category", .string("diagnostic")),
-                    ("enabled_by_default", .bool(false)), ("value_template", .string(Self.valueTemplate("last_seen", absent: "None"))),
+                    ("enabled_by_default", .bool(false)),
+                    ("value_template", .string(Self.valueTemplate("last_seen", absent: "None"))),
                 ])
             ))
         var device: [(String, JSONValue)] = [
@@ -440,10 +443,10 @@ extension Bridge {
         }
         // The Device Information Service's strings when the device has them (read after connecting), else the
         // advertised name as the model.
-        if let manufacturer = info.manufacturer { device.append(("mf", .string(manufacturer))) }
-        if let model = info.model ?? d.1 { device.append(("mdl", .string(model))) }
-        if let firmware = info.firmware { device.append(("sw", .string(firmware))) }
-        if let hardware = info.hardware { device.append(("hw", .string(hardware))) }
+        if let manufacturer = info?.manufacturer { device.append(("mf", .string(manufacturer))) }
+        if let model = info?.model ?? d.1 { device.append(("mdl", .string(model))) }
+        if let firmware = info?.firmware { device.append(("sw", .string(firmware))) }
+        if let hardware = info?.hardware { device.append(("hw", .string(hardware))) }
         return .object([
             ("dev", .object(device)),
             ("o", origin()),

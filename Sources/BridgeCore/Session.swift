@@ -667,11 +667,17 @@ extension Bridge {
     /// Assistant's device then shows them (`mf`, `mdl`, `sw`, `hw`), as `bridge/devices` does.
     func readDeviceInformation(_ r: DeviceRecord, link: any BLELink, _ characteristics: [BLECharacteristic]) async {
         guard r.data.withLock({ $0.deviceInformation == nil }) else { return }
+        let registry = config.registry
         var info = DeviceInformation()
-        for (index, uuid) in DeviceInformation.characteristics.enumerated() {
+        for (uuid, field) in DeviceInformation.characteristics {
             guard let c = characteristics.first(where: { $0.uuid == uuid && $0.canRead }) else { continue }
             do throws(BLEError) {
-                info.set(index, DeviceInformation.text(try await link.read(c)))
+                let bytes = try await link.read(c)
+                // The string parsers of the registry (trailing NULs cut); blank is none, and a long one is cut.
+                if case .string(let text)? = (try? registry.decode(uuid, bytes))?.fields.first?.value {
+                    let trimmed = text.trimmingSpaces
+                    info[keyPath: field] = trimmed.isEmpty ? nil : String(trimmed.prefix(64))
+                }
             } catch {
                 if error.kind == .disconnected || error.kind == .notConnected { return }  // read at the next connection
                 logger.debug("cannot read \(uuid): \(error.message)", ["device": r.id])

@@ -9,6 +9,17 @@ struct Radiator {
 
     static func setpoint() throws -> BluetoothUUID { try uuid("6e400020-b5a3-f393-e0a9-e50e24dcca9e") }
 
+    /// The radiator alone, polled every 60 s for its battery level.
+    static let pollConfig = """
+        mqtt: {url: mqtt://127.0.0.1:1883}
+        devices:
+          - name: radiator
+            match: {address: "D0:12:34:56:78:9A"}
+            mode: poll
+            poll: [battery_level]
+            poll_interval: 60
+        """
+
     static func add(_ central: FakeCentral) throws {
         let service = try uuid("6e400001-b5a3-f393-e0a9-e50e24dcca9e")
         let battery = BluetoothUUID(UInt16(0x2A19))

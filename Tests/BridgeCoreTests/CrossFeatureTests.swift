@@ -74,16 +74,7 @@ import Testing
 
     /// `device/disconnect` then `device/connect` on a poll device: polling should resume.
     @Test func pollDeviceResumesPollingAfterConnectRequest() async throws {
-        let yaml = """
-            mqtt: {url: mqtt://127.0.0.1:1883}
-            devices:
-              - name: radiator
-                match: {address: "D0:12:34:56:78:9A"}
-                mode: poll
-                poll: [battery_level]
-                poll_interval: 60
-            """
-        try await withBridge(yaml, setup: Radiator.add) { h in
+        try await withBridge(Radiator.pollConfig, setup: Radiator.add) { h in
             let radiator = try address(Radiator.addressText)
             try await eventually("the first poll") { h.central.links(to: radiator).first?.disconnectCalls == 1 }
             let disconnect = try await h.request("device/disconnect", #"{"id": "radiator"}"#)

@@ -89,16 +89,7 @@ func connectStrap(_ h: BridgeHarness) async throws -> FakeLink {
 
 @Suite struct ModeTests {
     @Test func pollModeConnectsReadsAndDisconnectsEveryInterval() async throws {
-        let yaml = """
-            mqtt: {url: mqtt://127.0.0.1:1883}
-            devices:
-              - name: radiator
-                match: {address: "D0:12:34:56:78:9A"}
-                mode: poll
-                poll: [battery_level]
-                poll_interval: 60
-            """
-        try await withBridge(yaml, setup: Radiator.add) { h in
+        try await withBridge(Radiator.pollConfig, setup: Radiator.add) { h in
             let radiator = try address(Radiator.addressText)
             let state = try await h.mqtt.waitForJSON(on: "blebridge/radiator")
             #expect(state["battery_pct"] == .int(80))
@@ -120,19 +111,10 @@ func connectStrap(_ h: BridgeHarness) async throws -> FakeLink {
     /// A polled device's Device Information Service is read after its first poll, once: the next polls read only
     /// the poll list.
     @Test func pollModeReadsTheDeviceInformationOnce() async throws {
-        let yaml = """
-            mqtt: {url: mqtt://127.0.0.1:1883}
-            devices:
-              - name: radiator
-                match: {address: "D0:12:34:56:78:9A"}
-                mode: poll
-                poll: [battery_level]
-                poll_interval: 60
-            """
         let model = BluetoothUUID(UInt16(0x2A24))
         let battery = BluetoothUUID(UInt16(0x2A19))
         try await withBridge(
-            yaml,
+            Radiator.pollConfig,
             setup: {
                 $0.addDevice(
                     try address(Radiator.addressText),

@@ -40,6 +40,8 @@ class Judged:
         self.hass_log = (work / "hass.log").read_text(errors="replace")
         registry = json.loads((work / "hass" / ".storage" / "core.entity_registry").read_text())
         self.entities = [e for e in registry["data"]["entities"] if e["platform"] == "mqtt"]
+        self.by_unique_id = {e["unique_id"]: e for e in self.entities}
+        self.devices = json.loads((work / "hass" / ".storage" / "core.device_registry").read_text())["data"]["devices"]
 
     def discovery(self, removed=False):
         """The last discovery message of each bridge device (topic -> payload); with `removed`, of each device whose
@@ -98,11 +100,10 @@ def test_every_component_becomes_an_entity_with_its_own_id(judged):
     # The bridge, the six demo devices, the judge's thermostat and auto device, less the ear thermometer (removed
     # by a reload).
     assert len(discovery) == 8, sorted(discovery)
-    by_unique_id = {e["unique_id"]: e for e in judged.entities}
     for topic, payload in discovery.items():
         for key, component in payload["cmps"].items():
-            assert key in by_unique_id, f"{topic}: Home Assistant made no entity of {key}"
-            entity = by_unique_id[key]
+            assert key in judged.by_unique_id, f"{topic}: Home Assistant made no entity of {key}"
+            entity = judged.by_unique_id[key]
             assert entity["entity_id"].split(".")[0] == component["p"], (key, entity["entity_id"])
             assert entity["original_name"] == component["name"], key
     ids = [e["entity_id"] for e in judged.entities]
@@ -141,14 +142,14 @@ def test_home_assistant_logs_nothing_about_the_bridge(judged):
 
 def test_states_are_the_bridge_values(judged):
     discovery = judged.discovery()
-    by_unique_id = {e["unique_id"]: e for e in judged.entities}
     compared = 0
     for topic, payload in discovery.items():
         device = topic.split("/")[2].removeprefix("blebridge_")
         for key, component in payload["cmps"].items():
             field = key.removeprefix(f"blebridge_{device}_")
             sent = judged.bridge_values(device, field)
-            shown = [s for s in judged.states(by_unique_id[key]["entity_id"]) if s not in ("unknown", "unavailable")]
+            states = judged.states(judged.by_unique_id[key]["entity_id"])
+            shown = [s for s in states if s not in ("unknown", "unavailable")]
             if not sent or component["p"] not in ("sensor", "binary_sensor") or field == "last_seen":
                 continue
             assert shown, f"{key}: the bridge sent {sent[:3]}, Home Assistant showed no value"
@@ -178,8 +179,7 @@ def test_a_device_with_a_topic_per_field_is_shown_too(judged):
 def test_every_device_is_available(judged):
     for topic, payload in judged.discovery().items():
         keys = list(payload["cmps"])
-        by_unique_id = {e["unique_id"]: e for e in judged.entities}
-        last = {k: (judged.states(by_unique_id[k]["entity_id"]) or ["(none)"])[-1] for k in keys}
+        last = {k: (judged.states(judged.by_unique_id[k]["entity_id"]) or ["(none)"])[-1] for k in keys}
         assert "unavailable" not in last.values(), (topic, last)
         assert any(v not in ("unknown", "(none)") for v in last.values()), (topic, last)
 
@@ -191,8 +191,7 @@ def test_a_value_set_in_home_assistant_reaches_the_device(judged):
     assert any(r.get("status") == "ok" for r in results), results
     # The device echoes it (TX notification), and Home Assistant shows the echo.
     assert "from home assistant" in judged.bridge_values("echo", "echo")
-    by_unique_id = {e["unique_id"]: e for e in judged.entities}
-    assert "from home assistant" in judged.states(by_unique_id["blebridge_echo_echo"]["entity_id"])
+    assert "from home assistant" in judged.states(judged.by_unique_id["blebridge_echo_echo"]["entity_id"])
 
 
 def test_number_switch_and_select_set_in_home_assistant_are_written(judged):
@@ -220,8 +219,7 @@ def test_number_switch_and_select_set_in_home_assistant_are_written(judged):
 
 
 def test_devices_hang_off_the_bridge_with_their_bluetooth_address(judged):
-    registry = json.loads((judged.work / "hass" / ".storage" / "core.device_registry").read_text())
-    devices = {ident[1]: d for d in registry["data"]["devices"] for ident in d["identifiers"] if ident[0] == "mqtt"}
+    devices = {ident[1]: d for d in judged.devices for ident in d["identifiers"] if ident[0] == "mqtt"}
     bridge = next(d for key, d in devices.items() if key.startswith("blebridge_bridge_"))
     for topic, payload in judged.discovery().items():
         key = payload["dev"]["ids"][0]
@@ -235,11 +233,10 @@ def test_devices_hang_off_the_bridge_with_their_bluetooth_address(judged):
 
 def test_device_information_service_names_the_device(judged):
     # The chest strap of config/demo-scenario.yaml has 180A: Polar Electro Oy, model H10, firmware 3.1.1.
-    registry = json.loads((judged.work / "hass" / ".storage" / "core.device_registry").read_text())
-    strap = next(d for d in registry["data"]["devices"] if ["mqtt", "blebridge_chest_strap"] in d["identifiers"])
+    strap = next(d for d in judged.devices if ["mqtt", "blebridge_chest_strap"] in d["identifiers"])
     assert (strap["manufacturer"], strap["model"], strap["sw_version"]) == ("Polar Electro Oy", "H10", "3.1.1"), strap
     # Without the service, the advertised name is the model.
-    thermostat = next(d for d in registry["data"]["devices"] if ["mqtt", "blebridge_thermostat"] in d["identifiers"])
+    thermostat = next(d for d in judged.devices if ["mqtt", "blebridge_thermostat"] in d["identifiers"])
     assert (thermostat["manufacturer"], thermostat["model"]) == (None, "Acme Thermostat"), thermostat
 
 
@@ -262,8 +259,7 @@ def test_a_device_that_leaves_the_configuration_leaves_home_assistant(judged):
     removals = publishers(judged, topic, empty=True)
     assert removals.count(next(iter(bridge))) == 1 and len(removals) == 2, removals
     assert not [e["entity_id"] for e in judged.entities if e["unique_id"].startswith("blebridge_ear_thermometer_")]
-    registry = json.loads((judged.work / "hass" / ".storage" / "core.device_registry").read_text())
-    assert not [d for d in registry["data"]["devices"] if ["mqtt", "blebridge_ear_thermometer"] in d["identifiers"]]
+    assert not [d for d in judged.devices if ["mqtt", "blebridge_ear_thermometer"] in d["identifiers"]]
     # It had been there: its temperature was shown before.
     assert {"36.6", "36.7", "36.8"} & set(judged.states("sensor.ear_thermometer_temperature_degc"))
 
@@ -273,11 +269,10 @@ def test_every_entity_is_unavailable_once_the_bridge_stops(judged):
     # every entity's availability list includes.
     assert ("blebridge/bridge/state", '{"state":"offline"}') in judged.after_stop
     last = {t: p for t, p in judged.after_stop if t.startswith("hass/")}
-    by_unique_id = {e["unique_id"]: e for e in judged.entities}
     checked = 0
     for topic, payload in judged.discovery().items():
         for key in payload["cmps"]:
-            entity = by_unique_id[key]
+            entity = judged.by_unique_id[key]
             if entity["disabled_by"] is not None:  # last_seen: disabled by default, no state
                 continue
             domain, object_id = entity["entity_id"].split(".", 1)
@@ -291,6 +286,5 @@ def test_an_auto_device_is_a_home_assistant_device_too(judged):
     # auto_devices: the BTHome thermometer no entry names, id its compact address, named by its advertised name.
     payload = judged.discovery()["homeassistant/device/blebridge_a4c138112233/config"]
     assert payload["dev"]["name"] == "ATC_112233"
-    by_unique_id = {e["unique_id"]: e for e in judged.entities}
-    entity = by_unique_id["blebridge_a4c138112233_temperature_c"]["entity_id"]
+    entity = judged.by_unique_id["blebridge_a4c138112233_temperature_c"]["entity_id"]
     assert {"18.0", "18.1"} & set(judged.states(entity)), judged.states(entity)
