@@ -2,11 +2,12 @@
 // for the sockets that are ready, whatever the number of sockets registered), and recvmmsg(2), which reads every
 // queued notification of a socket in one call (Glibc declares it, and struct mmsghdr, only under _GNU_SOURCE).
 // Also the two clock primitives of the loops that gather work under load (the notify reader, the MQTT loop), and
-// mallopt(3)'s arena limit (malloc.h is not in the Glibc module), prctl(2)'s thread name, and the two ends of the
-// wake-up sockets the I/O threads sleep on.
+// mallopt(3)'s arena limit (malloc.h is not in the Glibc module), prctl(2)'s thread name, the two ends of the
+// wake-up sockets the I/O threads sleep on, and FIONREAD (ioctl(2) is variadic, which Swift does not import).
 #include <errno.h>
 #include <malloc.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -49,6 +50,12 @@ static inline void clinux_poke_wake_socket(int fd) {
     unsigned char one = 1;
     ssize_t written = write(fd, &one, 1);
     (void)written;
+}
+
+/// How many bytes a socket has to read now (FIONREAD), or -1 when that cannot be told.
+static inline int clinux_readable_bytes(int fd) {
+    int bytes = 0;
+    return ioctl(fd, FIONREAD, &bytes) == 0 ? bytes : -1;
 }
 
 /// Reads the reading end of a non-blocking wake-up socket empty, so that epoll stops reporting it.
