@@ -665,21 +665,21 @@ final class ConnectionCore: @unchecked Sendable {
         }
     }
 
-    /// A signal was dispatched since the loop last asked (`takeGathering`); I/O thread only.
-    private var signalled = false
+    /// Signals dispatched since the loop last asked (`takeGathering`); I/O thread only.
+    private var signalled = 0
 
     /// For the loop's gathering of signals under load (`IOLoop.gatherNanoseconds`): nil when no signal was dispatched
     /// since the last call, otherwise whether this connection may wait for more before its next read: no reply is
     /// awaited (a caller's reply does not wait) and its socket has no backlog (one that reading cannot keep up with
     /// is read at once). I/O thread.
-    fileprivate func takeGathering() -> Bool? {
-        guard signalled else { return nil }
-        signalled = false
-        if shared.withLock({ !$0.pendingCalls.isEmpty }) { return false }
+    fileprivate func takeGathering() -> (signals: Int, mayWait: Bool)? {
+        guard signalled > 0 else { return nil }
+        defer { signalled = 0 }
+        if shared.withLock({ !$0.pendingCalls.isEmpty }) { return (signalled, false) }
         var fd: Int32 = -1
-        guard dbus_connection_get_socket(connection, &fd) != 0, fd >= 0 else { return false }
+        guard dbus_connection_get_socket(connection, &fd) != 0, fd >= 0 else { return (signalled, false) }
         let waiting = clinux_readable_bytes(fd)
-        return waiting >= 0 && waiting <= IOLoop.gatherBacklog
+        return (signalled, waiting >= 0 && waiting <= IOLoop.gatherBacklog)
     }
 
     fileprivate static func now() -> Int64 {
@@ -932,7 +932,7 @@ final class ConnectionCore: @unchecked Sendable {
     private func filter(_ pointer: OpaquePointer) -> DBusHandlerResult {
         let type = dbus_message_get_type(pointer)
         if type == DBUS_MESSAGE_TYPE_SIGNAL {
-            signalled = true
+            signalled &+= 1
             if dbus_message_is_signal(pointer, "org.freedesktop.DBus.Local", "Disconnected") != 0 {
                 markDisconnected()
                 return DBUS_HANDLER_RESULT_HANDLED
@@ -1086,36 +1086,68 @@ final class IOLoop: Sendable {
         return nil
     }
 
-    /// How long the loop lets signals gather before it reads again, under load (signal rounds less than twice
-    /// this apart): one wake-up, one read and one dispatch round for the signals of that interval instead of one
-    /// each. 4 ms: with 500 advertisers at 1 Hz (bench/bridge.sh passive, 2026-12-06, alternating) the bridge's CPU
-    /// per advertisement went from 24.9-26.4 to 21.7-22.0 µs (4 ms) and 21.6-22.6 µs (8 ms), the bare client's
-    /// 10.2-11.3. A signal waits at most this long more under load (its MQTT publish is held up to 10 ms anyway, see
-    /// the daemon's SignalRoundBatcher); replies do not wait (no gathering while a call is outstanding), and work
-    /// queued from other threads during the pause waits at most this long.
+    /// How long the loop lets signals gather before it reads again, under load: one wake-up, one read and one
+    /// dispatch round for the signals of that interval instead of one each. Replies do not wait (no gathering while
+    /// a call is outstanding), and work queued from other threads during the pause waits at most this long.
     static let gatherNanoseconds: UInt64 = 4_000_000
+
+    /// When the loop counts as under load. With someone observing its dispatch rounds (the bridge, which sends a
+    /// round's MQTT publishes with one write and so gains from every round fewer): signal rounds less than two
+    /// gathering intervals apart. Without: a signal rate of at least `gatherRateUnobserved` per second (over the
+    /// last `rateWindowNanoseconds`). Measured 2026-12-06, alternating runs on one simulator: with an observer
+    /// (bench/bridge.sh, 500 advertisers at 1 Hz) gathering took the bridge from 2.25-2.34x to 1.88-2.05x the bare
+    /// client's CPU (a rate threshold of 125/s instead: no gain); without one (bench/adverts.sh, the BlueZ layer
+    /// alone) the rate rule took 5,000 signals/s from 1.31-1.33x to 1.04-1.07x (100 StartNotify devices: 1.19-1.28x
+    /// to 0.60-0.62x) and left 500 signals/s as they were, where gathering on round spacing made them dearer (50
+    /// RuuviTags: 1.43-1.45x -> 1.71-1.84x; 10 StartNotify devices: 1.23-1.25x -> 1.46-1.58x): at that rate the
+    /// simulator's bursts already bring several signals per wake-up, and a pause only splits them.
+    static let gatherRateUnobserved = 2_000
+    static let rateWindowNanoseconds: UInt64 = 100_000_000
 
     /// Bytes waiting on a connection's socket above which it is read at once rather than left to gather: more than
     /// one gathering of a heavy stream (libdbus reads about 2 to 4 KiB per wake-up).
     static let gatherBacklog: Int32 = 2048
 
+    /// The loop's estimate of the signal rate (I/O thread only).
+    private struct SignalRate {
+        var windowStart: UInt64 = 0
+        var windowSignals = 0
+        var perSecond = 0
+
+        mutating func add(_ signals: Int, at now: UInt64) {
+            windowSignals += signals
+            let elapsed = now &- windowStart
+            guard elapsed >= IOLoop.rateWindowNanoseconds else { return }
+            // After a long silence the window says nothing about now.
+            let silent = elapsed > 10 * IOLoop.rateWindowNanoseconds
+            perSecond = silent ? 0 : Int(UInt64(windowSignals) * 1_000_000_000 / elapsed)
+            windowStart = now
+            windowSignals = 0
+        }
+    }
+
     /// Before the loop sleeps: pauses up to `gatherNanoseconds` (and not past `deadline`, ms) when the round just
-    /// done dispatched signals less than two gathering intervals after the last such round and every connection
-    /// that dispatched them may wait (`takeGathering`). Returns true when it paused.
-    private func gatherPause(_ slots: [ConnectionCore?], _ lastSignalRound: inout UInt64, until deadline: Int64,
-                             now: Int64) -> Bool
-    {
-        var signalled = false
+    /// done dispatched signals under load (see `gatherRateUnobserved`) and every connection that dispatched them may
+    /// wait (`takeGathering`). Returns true when it paused.
+    private func gatherPause(
+        _ slots: [ConnectionCore?], _ rate: inout SignalRate, _ lastSignalRound: inout UInt64, until deadline: Int64,
+        now: Int64
+    ) -> Bool {
+        var signals = 0
         var mayWait = true
         for case let core? in slots {
-            guard let ok = core.takeGathering() else { continue }
-            signalled = true
-            if !ok { mayWait = false }
+            guard let taken = core.takeGathering() else { continue }
+            signals += taken.signals
+            if !taken.mayWait { mayWait = false }
         }
-        guard signalled else { return false }
+        guard signals > 0 else { return false }
         let round = UInt64(clinux_monotonic_ns())
+        rate.add(signals, at: round)
         defer { lastSignalRound = round }
-        guard mayWait, round &- lastSignalRound < 2 * Self.gatherNanoseconds else { return false }
+        let underLoad =
+            DBusDispatchRounds.observers.isObserved
+            ? round &- lastSignalRound < 2 * Self.gatherNanoseconds : rate.perSecond >= Self.gatherRateUnobserved
+        guard mayWait, underLoad else { return false }
         let left = deadline == .max ? UInt64.max : UInt64(max(0, deadline - now)) * 1_000_000
         let pause = min(Self.gatherNanoseconds, left)
         guard pause > 0 else { return false }
@@ -1138,6 +1170,7 @@ final class IOLoop: Sendable {
         var stopping: [ConnectionCore] = []
         var ready = [epoll_event](repeating: epoll_event(), count: 256)
         var roundsWithoutWait = 0
+        var signalRate = SignalRate()
         // When the last round that dispatched signals went to sleep (CLOCK_MONOTONIC ns).
         var lastSignalRound: UInt64 = 0
         // Puts a connection that epoll (or a timeout) reported back into the run list.
@@ -1237,7 +1270,7 @@ final class IOLoop: Sendable {
             let emptyRoundDue = DBusDispatchRounds.emptyRoundDue.load(ordering: .relaxed)
             if emptyRoundDue > 0 { next = min(next, emptyRoundDue) }
             var woke = now
-            if asleep, gatherPause(slots, &lastSignalRound, until: next, now: now) {
+            if asleep, gatherPause(slots, &signalRate, &lastSignalRound, until: next, now: now) {
                 woke = ConnectionCore.now()
             }
             var timeoutMs = next == .max ? -1 : Int32(min(max(0, next - woke), Int64(Int32.max)))
