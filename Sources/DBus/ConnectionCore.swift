@@ -3,7 +3,8 @@
 // libdbus call on the connection happens on that thread (after the handshake in init), so no libdbus lock is
 // ever contended and a message queued from any thread goes out as soon as the thread wakes. One thread
 // (`IOLoop`) serves every connection of the process: a bridge with a connection per peripheral would otherwise
-// have a thread per peripheral.
+// have a thread per peripheral. Under a stream of signals the loop pauses a few milliseconds before it reads again
+// (`IOLoop.gatherNanoseconds`), so that one wake-up and one dispatch round take several signals.
 internal import CDBus
 internal import CLinux
 import Dispatch
