@@ -1103,37 +1103,44 @@ final class IOLoop: Sendable {
     /// RuuviTags: 1.43-1.45x -> 1.71-1.84x; 10 StartNotify devices: 1.23-1.25x -> 1.46-1.58x): at that rate the
     /// simulator's bursts already bring several signals per wake-up, and a pause only splits them.
     static let gatherRateUnobserved = 2_000
+    /// The window over which the loop measures the signal rate.
     static let rateWindowNanoseconds: UInt64 = 100_000_000
 
     /// Bytes waiting on a connection's socket above which it is read at once rather than left to gather: more than
     /// one gathering of a heavy stream (libdbus reads about 2 to 4 KiB per wake-up).
     static let gatherBacklog: Int32 = 2048
 
-    /// The loop's estimate of the signal rate (I/O thread only).
-    private struct SignalRate {
+    /// The loop's view of the signal load (I/O thread only): the rate over the last window, and when the last
+    /// round that dispatched signals ended.
+    private struct SignalLoad {
         var windowStart: UInt64 = 0
         var windowSignals = 0
         var perSecond = 0
+        var lastRound: UInt64 = 0
 
-        mutating func add(_ signals: Int, at now: UInt64) {
+        /// Notes a round that dispatched `signals` at `now` (ns); true when the loop is under load (see
+        /// `gatherRateUnobserved`).
+        mutating func round(_ signals: Int, at now: UInt64, observed: Bool) -> Bool {
+            defer { lastRound = now }
             windowSignals += signals
             let elapsed = now &- windowStart
-            guard elapsed >= IOLoop.rateWindowNanoseconds else { return }
-            // After a long silence the window says nothing about now.
-            let silent = elapsed > 10 * IOLoop.rateWindowNanoseconds
-            perSecond = silent ? 0 : Int(UInt64(windowSignals) * 1_000_000_000 / elapsed)
-            windowStart = now
-            windowSignals = 0
+            if elapsed >= IOLoop.rateWindowNanoseconds {
+                // After a long silence the window says nothing about now.
+                let silent = elapsed > 10 * IOLoop.rateWindowNanoseconds
+                perSecond = silent ? 0 : Int(UInt64(windowSignals) * 1_000_000_000 / elapsed)
+                windowStart = now
+                windowSignals = 0
+            }
+            return observed ? now &- lastRound < 2 * IOLoop.gatherNanoseconds : perSecond >= IOLoop.gatherRateUnobserved
         }
     }
 
     /// Before the loop sleeps: pauses up to `gatherNanoseconds` (and not past `deadline`, ms) when the round just
-    /// done dispatched signals under load (see `gatherRateUnobserved`) and every connection that dispatched them may
-    /// wait (`takeGathering`). Returns true when it paused.
-    private func gatherPause(
-        _ slots: [ConnectionCore?], _ rate: inout SignalRate, _ lastSignalRound: inout UInt64, until deadline: Int64,
-        now: Int64
-    ) -> Bool {
+    /// done dispatched signals under load and every connection that dispatched them may wait (`takeGathering`).
+    /// Returns true when it paused.
+    private func gatherPause(_ slots: [ConnectionCore?], _ load: inout SignalLoad, until deadline: Int64, now: Int64)
+        -> Bool
+    {
         var signals = 0
         var mayWait = true
         for case let core? in slots {
@@ -1142,12 +1149,8 @@ final class IOLoop: Sendable {
             if !taken.mayWait { mayWait = false }
         }
         guard signals > 0 else { return false }
-        let round = UInt64(clinux_monotonic_ns())
-        rate.add(signals, at: round)
-        defer { lastSignalRound = round }
-        let underLoad =
-            DBusDispatchRounds.observers.isObserved
-            ? round &- lastSignalRound < 2 * Self.gatherNanoseconds : rate.perSecond >= Self.gatherRateUnobserved
+        let underLoad = load.round(
+            signals, at: UInt64(clinux_monotonic_ns()), observed: DBusDispatchRounds.observers.isObserved)
         guard mayWait, underLoad else { return false }
         let left = deadline == .max ? UInt64.max : UInt64(max(0, deadline - now)) * 1_000_000
         let pause = min(Self.gatherNanoseconds, left)
@@ -1171,9 +1174,7 @@ final class IOLoop: Sendable {
         var stopping: [ConnectionCore] = []
         var ready = [epoll_event](repeating: epoll_event(), count: 256)
         var roundsWithoutWait = 0
-        var signalRate = SignalRate()
-        // When the last round that dispatched signals went to sleep (CLOCK_MONOTONIC ns).
-        var lastSignalRound: UInt64 = 0
+        var signalLoad = SignalLoad()
         // Puts a connection that epoll (or a timeout) reported back into the run list.
         func wake(_ core: ConnectionCore) {
             guard core.flushDeadline == nil, !core.inRun else { return }
@@ -1271,7 +1272,7 @@ final class IOLoop: Sendable {
             let emptyRoundDue = DBusDispatchRounds.emptyRoundDue.load(ordering: .relaxed)
             if emptyRoundDue > 0 { next = min(next, emptyRoundDue) }
             var woke = now
-            if asleep, gatherPause(slots, &signalRate, &lastSignalRound, until: next, now: now) {
+            if asleep, gatherPause(slots, &signalLoad, until: next, now: now) {
                 woke = ConnectionCore.now()
             }
             var timeoutMs = next == .max ? -1 : Int32(min(max(0, next - woke), Int64(Int32.max)))
