@@ -22,6 +22,7 @@
 # code users run; --plain measures a plain `swift build -c release` build instead (about 2-4 % more CPU per signal,
 # 2026-12-05). SWIFT_BUILD_FLAGS (for example "-Xswiftc -cross-module-optimization") is passed to the plain builds.
 # OURS_BIN=PATH measures another bench-adverts binary (an older build, for a before/after in the same hour).
+# SIM_BIN=PATH runs another bluez-sim (an older simulator, to compare arrival patterns).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d /opt/swift/usr/bin ] && export PATH="/opt/swift/usr/bin:$PATH"
@@ -115,7 +116,7 @@ measure() {
     mkdir -p "$dir"
     interval="$(python3 -c "print(round(1 / float('$rate'), 4))")"
     python3 bench/bridge-gen.py "$gen" "$n" "$rate" 1883 "$dir"
-    "$BIN/bluez-sim" --spawn-bus --scenario "$dir/scenario.yaml" >"$dir/sim.out" 2>&1 &
+    "${SIM_BIN:-$BIN/bluez-sim}" --spawn-bus --scenario "$dir/scenario.yaml" >"$dir/sim.out" 2>&1 &
     sim=$!
     PIDS+=("$sim")
     for _ in $(seq 1 400); do grep -q "bluez-sim: ready" "$dir/sim.out" && break; sleep 0.05; done

@@ -135,8 +135,16 @@ extension BlueZSimulator {
     func scheduleAdvertisement(_ d: SimDevice, first: Bool = false) {
         d.advertisementGeneration += 1
         let generation = d.advertisementGeneration
-        // The first advertisement lands soon after scanning starts, spread so devices do not arrive in lockstep.
-        let delay = first ? Double(d.random.next() % 50) / 1000 + 0.005 : d.spec.advertisingInterval
+        // As a radio hears independent advertisers: the first advertisement at a random point of the device's
+        // interval after scanning starts (devices are switched on at unrelated times), and each advertising event
+        // after the interval plus advDelay, a pseudo-random 0-10 ms that every advertiser adds so that no two stay in
+        // step (Bluetooth Core Specification, Vol 6, Part B, 4.4.2.2.1). Without it, devices that started together
+        // would advertise in one burst each interval, forever, which no receiver sees.
+        let interval = d.spec.advertisingInterval
+        let delay =
+            first
+            ? Double(d.random.next() % UInt64(max(1, interval * 1000))) / 1000 + 0.005
+            : interval + Double(d.random.next() % 10_001) / 1_000_000
         after(delay) { [weak self] in
             guard let self, d.advertisementGeneration == generation else { return }
             self.advertise(d)
