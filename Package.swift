@@ -71,7 +71,7 @@ let package = Package(
 
         // Tests.
         .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),
-        .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport"]),
+        .testTarget(name: "DBusTests", dependencies: ["DBus", "CDBus", "TestSupport"]),
         .testTarget(name: "YAMLTests", dependencies: ["YAML"]),
         .testTarget(name: "SimulatorTests", dependencies: ["BlueZSimulator", "DBus", "TestSupport"]),
         .testTarget(name: "BlueZTests", dependencies: ["BlueZ", "DBus", "TestSupport"]),

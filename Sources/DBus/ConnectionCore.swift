@@ -4,7 +4,7 @@
 // ever contended and a message queued from any thread goes out as soon as the thread wakes. One thread
 // (`IOLoop`) serves every connection of the process: a bridge with a connection per peripheral would otherwise
 // have a thread per peripheral. Under a stream of signals the loop pauses a few milliseconds before it reads again
-// (`IOLoop.gatherNanoseconds`), so that one wake-up and one dispatch round take several signals.
+// (`IOLoop.gatherMilliseconds`), so that one wake-up and one dispatch round take several signals.
 internal import CDBus
 internal import CLinux
 import Dispatch
@@ -669,7 +669,7 @@ final class ConnectionCore: @unchecked Sendable {
     /// Signals dispatched since the loop last asked (`takeGathering`); I/O thread only.
     private var signalled = 0
 
-    /// For the loop's gathering of signals under load (`IOLoop.gatherNanoseconds`): nil when no signal was dispatched
+    /// For the loop's gathering of signals under load (`IOLoop.gatherMilliseconds`): nil when no signal was dispatched
     /// since the last call, otherwise whether this connection may wait for more before its next read: no reply is
     /// awaited (a caller's reply does not wait) and its socket has no backlog (one that reading cannot keep up with
     /// is read at once). I/O thread.
@@ -1089,58 +1089,39 @@ final class IOLoop: Sendable {
 
     /// How long the loop lets signals gather before it reads again, under load: one wake-up, one read and one
     /// dispatch round for the signals of that interval instead of one each. Replies do not wait (no gathering while
-    /// a call is outstanding), and work queued from other threads during the pause waits at most this long.
-    static let gatherNanoseconds: UInt64 = 4_000_000
-
-    /// When the loop counts as under load. With someone observing its dispatch rounds (the bridge, which sends a
-    /// round's MQTT publishes with one write and so gains from every round fewer): signal rounds less than two
-    /// gathering intervals apart. Without: a signal rate of at least `gatherRateUnobserved` per second (over the
-    /// last `rateWindowNanoseconds`). Measured 2026-12-06, alternating runs on one simulator: with an observer
-    /// (bench/bridge.sh, 500 advertisers at 1 Hz) gathering took the bridge from 2.25-2.34x to 1.88-2.05x the bare
-    /// client's CPU (a rate threshold of 125/s instead: no gain); without one (bench/adverts.sh, the BlueZ layer
-    /// alone) the rate rule took 5,000 signals/s from 1.31-1.33x to 1.04-1.07x (100 StartNotify devices: 1.19-1.28x
-    /// to 0.60-0.62x) and left 500 signals/s as they were, where gathering on round spacing made them dearer (50
-    /// RuuviTags: 1.43-1.45x -> 1.71-1.84x; 10 StartNotify devices: 1.23-1.25x -> 1.46-1.58x): at that rate the
-    /// simulator's bursts already bring several signals per wake-up, and a pause only splits them.
-    static let gatherRateUnobserved = 2_000
-    /// The window over which the loop measures the signal rate.
-    static let rateWindowNanoseconds: UInt64 = 100_000_000
+    /// a call is outstanding), and work queued from other threads ends the pause (it waits on the wake-up sockets),
+    /// so only signals wait: at most this long, which is within a BLE connection interval (7.5 ms to 4 s; sensors
+    /// mostly use 30 to 100 ms). Measured 2026-12-06 with advertisers whose events are spread in time as a radio's
+    /// are (bench/adverts.sh, the BlueZ layer against the bare libdbus client): 4 ms -> 16 ms took 50 RuuviTags
+    /// every 100 ms from 1.44-1.55x to 0.82-0.86x and 10 StartNotify devices at 50 Hz from 1.02-1.37x to 0.63-0.66x;
+    /// with the simulator's former lockstep bursts, 50 RuuviTags 1.31-1.40x -> 1.31-1.36x (the bursts already gather).
+    static let gatherMilliseconds: Int32 = 16
 
     /// Bytes waiting on a connection's socket above which it is read at once rather than left to gather: more than
     /// one gathering of a heavy stream (libdbus reads about 2 to 4 KiB per wake-up).
     static let gatherBacklog: Int32 = 2048
 
-    /// The loop's view of the signal load (I/O thread only): the rate over the last window, and when the last
-    /// round that dispatched signals ended.
+    /// When the loop counts as under load: the previous round that dispatched signals ended less than two
+    /// gathering intervals before this one (a stream of more than about 30 signals a second). A lone signal after
+    /// a quiet spell is read at once and dispatched without waiting. I/O thread only.
     private struct SignalLoad {
-        var windowStart: UInt64 = 0
-        var windowSignals = 0
-        var perSecond = 0
         var lastRound: UInt64 = 0
 
-        /// Notes a round that dispatched `signals` at `now` (ns); true when the loop is under load (see
-        /// `gatherRateUnobserved`).
-        mutating func round(_ signals: Int, at now: UInt64, observed: Bool) -> Bool {
+        /// Notes a round that dispatched signals at `now` (ns); true when the loop is under load.
+        mutating func round(at now: UInt64) -> Bool {
             defer { lastRound = now }
-            windowSignals += signals
-            let elapsed = now &- windowStart
-            if elapsed >= IOLoop.rateWindowNanoseconds {
-                // After a long silence the window says nothing about now.
-                let silent = elapsed > 10 * IOLoop.rateWindowNanoseconds
-                perSecond = silent ? 0 : Int(UInt64(windowSignals) * 1_000_000_000 / elapsed)
-                windowStart = now
-                windowSignals = 0
-            }
-            return observed ? now &- lastRound < 2 * IOLoop.gatherNanoseconds : perSecond >= IOLoop.gatherRateUnobserved
+            return lastRound != 0 && now &- lastRound < 2 * UInt64(IOLoop.gatherMilliseconds) * 1_000_000
         }
     }
 
-    /// Before the loop sleeps: pauses up to `gatherNanoseconds` (and not past `deadline`, ms) when the round just
+    /// Before the loop sleeps: pauses up to `gatherMilliseconds` (and not past `deadline`, ms) when the round just
     /// done dispatched signals under load and every connection that dispatched them may wait (`takeGathering`).
-    /// Returns true when it paused.
-    private func gatherPause(_ slots: [ConnectionCore?], _ load: inout SignalLoad, until deadline: Int64, now: Int64)
-        -> Bool
-    {
+    /// The pause waits on the wake-up sockets (`wakeFDs`: the loop's and every connection's), so work another
+    /// thread queues meanwhile ends it. Returns true when it paused.
+    private func gatherPause(
+        _ slots: [ConnectionCore?], _ load: inout SignalLoad, wakeFDs: inout [pollfd], until deadline: Int64,
+        now: Int64
+    ) -> Bool {
         var signals = 0
         var mayWait = true
         for case let core? in slots {
@@ -1149,13 +1130,16 @@ final class IOLoop: Sendable {
             if !taken.mayWait { mayWait = false }
         }
         guard signals > 0 else { return false }
-        let underLoad = load.round(
-            signals, at: UInt64(clinux_monotonic_ns()), observed: DBusDispatchRounds.observers.isObserved)
+        let underLoad = load.round(at: UInt64(clinux_monotonic_ns()))
         guard mayWait, underLoad else { return false }
-        let left = deadline == .max ? UInt64.max : UInt64(max(0, deadline - now)) * 1_000_000
-        let pause = min(Self.gatherNanoseconds, left)
+        let left = deadline == .max ? Int64(Self.gatherMilliseconds) : max(0, deadline - now)
+        let pause = Int32(min(Int64(Self.gatherMilliseconds), left))
         guard pause > 0 else { return false }
-        clinux_sleep_ns(CUnsignedLongLong(pause))
+        // The loop's own wake-up socket is first; the connections' follow (rebuilt each time: a few entries).
+        wakeFDs.removeSubrange(1...)
+        for case let core? in slots { wakeFDs.append(pollfd(fd: core.wakeFD, events: Int16(POLLIN), revents: 0)) }
+        let count = nfds_t(wakeFDs.count)
+        _ = wakeFDs.withUnsafeMutableBufferPointer { poll($0.baseAddress, count, pause) }
         return true
     }
 
@@ -1175,6 +1159,7 @@ final class IOLoop: Sendable {
         var ready = [epoll_event](repeating: epoll_event(), count: 256)
         var roundsWithoutWait = 0
         var signalLoad = SignalLoad()
+        var wakeFDs = [pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0)]
         // Puts a connection that epoll (or a timeout) reported back into the run list.
         func wake(_ core: ConnectionCore) {
             guard core.flushDeadline == nil, !core.inRun else { return }
@@ -1272,7 +1257,7 @@ final class IOLoop: Sendable {
             let emptyRoundDue = DBusDispatchRounds.emptyRoundDue.load(ordering: .relaxed)
             if emptyRoundDue > 0 { next = min(next, emptyRoundDue) }
             var woke = now
-            if asleep, gatherPause(slots, &signalLoad, until: next, now: now) {
+            if asleep, gatherPause(slots, &signalLoad, wakeFDs: &wakeFDs, until: next, now: now) {
                 woke = ConnectionCore.now()
             }
             var timeoutMs = next == .max ? -1 : Int32(min(max(0, next - woke), Int64(Int32.max)))
