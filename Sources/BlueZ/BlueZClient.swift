@@ -276,8 +276,10 @@ public final class BlueZClient: Sendable {
         case .advertisement(let device, let handlers)?:
             for h in handlers { h(device) }
         case .value(let value, let routes)?:
+            BlueZSignalRounds.carriedMore.store(true, ordering: .relaxed)
             for r in routes { r.handler(value) }
         case nil:
+            BlueZSignalRounds.carriedMore.store(true, ordering: .relaxed)
             if let message = try? signal.decode() { dispatch(message) }
         }
     }

@@ -209,4 +209,14 @@ public enum BlueZSignalRounds {
     public static func requestEmptyRound(afterMilliseconds milliseconds: Int) {
         DBusDispatchRounds.requestEmptyRound(afterMilliseconds: milliseconds)
     }
+
+    /// Set on the I/O thread when a signal that is not an advertisement was handled (a characteristic's value over
+    /// StartNotify, any other change of the mirror: a connection, services, an adapter).
+    static let carriedMore = Atomic<Bool>(false)
+
+    /// Whether the rounds since the last call handled anything but advertisements (and clears it): an observer
+    /// that holds a round's work to batch advertisements sends it at once when so. On the I/O thread, from `end`.
+    public static func takeCarriedMoreThanAdvertisements() -> Bool {
+        carriedMore.exchange(false, ordering: .relaxed)
+    }
 }

@@ -29,10 +29,11 @@ public struct RoundBatchPolicy: Sendable {
         return !holding
     }
 
-    /// A round (or an empty round) ended at `now` (monotonic ms).
-    public mutating func end(now: Int64) -> Next {
+    /// A round (or an empty round) ended at `now` (monotonic ms). An `urgent` round (one that carried more than
+    /// advertisements: a characteristic's value, a connection's change) sends what is held at once.
+    public mutating func end(now: Int64, urgent: Bool = false) -> Next {
         guard holding else { return .nothing }
-        if let last = lastRelease, now - last < window { return .wait(milliseconds: window - (now - last)) }
+        if !urgent, let last = lastRelease, now - last < window { return .wait(milliseconds: window - (now - last)) }
         holding = false
         lastRelease = now
         return .release

@@ -9,10 +9,16 @@ import Synchronization
 /// the writes of signal rounds, sends them at most `window` ms after the last send, and asks for an empty round when
 /// a hold is kept, so that it ends even when no other round comes.
 final class SignalRoundBatcher: Sendable {
-    /// 10 ms: at most that much later on the broker. With 500 advertisers at 1 Hz (bench/bridge.sh, passive,
-    /// 2026-12-04) the bridge's write(2) calls to the broker fell from 95 to 18 a second; the CPU per advertisement
-    /// stayed within the host's noise.
-    static let window: Int64 = 10
+    /// 50 ms: an advertisement's state reaches the broker at most that much later (advertisers send every 100 ms
+    /// to 10 s). Rounds that carried more than advertisements (a notification over StartNotify, a connection's
+    /// change: `BlueZSignalRounds.takeCarriedMoreThanAdvertisements`) are sent at their end, with what is held;
+    /// notifications over AcquireNotify have rounds of their own, sent at their end. A publish from another thread
+    /// (a command's result) during a hold waits for it. Each send is a write(2) to the broker over TCP, which wakes
+    /// the broker (and the broker's PUBACKs wake the MQTT thread): with 500 advertisers at 1 Hz whose advertisements
+    /// are spread in time (bench/bridge.sh, passive, 2026-12-06) a 10 ms window made about 95 writes a second and
+    /// cost the bridge 1.9-2.2x the bare client's CPU; 50 ms made about 20 and 1.2-1.5x (the D-Bus loop's 16 ms
+    /// gathering alone: no gain).
+    static let window: Int64 = 50
 
     private let transport: MQTTBrokerTransport
     private let policy = Mutex(RoundBatchPolicy(window: SignalRoundBatcher.window))
@@ -30,7 +36,8 @@ final class SignalRoundBatcher: Sendable {
 
     private func end() {
         let now = monotonicMicroseconds() / 1000
-        switch policy.withLock({ $0.end(now: now) }) {
+        let urgent = BlueZSignalRounds.takeCarriedMoreThanAdvertisements()
+        switch policy.withLock({ $0.end(now: now, urgent: urgent) }) {
         case .nothing: break
         case .release: transport.releaseWrites()
         case .wait(let milliseconds): BlueZSignalRounds.requestEmptyRound(afterMilliseconds: Int(milliseconds))

@@ -4,6 +4,7 @@
 import BlueZ
 import DBus
 import Foundation
+import Synchronization
 import Testing
 
 @Suite struct StartNotifyRoutingTests {
@@ -35,5 +36,29 @@ import Testing
         #expect(try await h.next() == [0, 90])
         await p.disconnect()
         #expect(try await h.next() == nil)
+    }
+
+    /// A round that delivered a StartNotify value says so to the round observers
+    /// (`BlueZSignalRounds.takeCarriedMoreThanAdvertisements`), so that the bridge sends its publishes at the round's
+    /// end instead of holding them to batch advertisements. The flag is process-wide: run alone (`--filter`), the
+    /// rounds of this test are the only ones; in a parallel run other tests' signals may set it too.
+    @Test(.timeLimit(.minutes(1))) func aRoundWithAValueSaysItCarriedMoreThanAdvertisements() async throws {
+        let t = try await SimClient()
+        let p = try await t.connect()
+        let hr = try p.characteristic("2A37")
+        let values = try await p.notifications(for: hr, preferAcquire: false)
+        let ends = Mutex<[Bool]>([])
+        let token = BlueZSignalRounds.observe(
+            .init(
+                begin: {},
+                end: { ends.withLock { $0.append(BlueZSignalRounds.takeCarriedMoreThanAdvertisements()) } }))
+        defer { BlueZSignalRounds.stopObserving(token) }
+        _ = BlueZSignalRounds.takeCarriedMoreThanAdvertisements()
+        ends.withLock { $0 = [] }
+        try await t.simulator("PushNotification", [.string(strap), .string("2A37"), .bytes([0, 70])])
+        var iterator = values.makeAsyncIterator()
+        #expect(try await iterator.next() == [0, 70])
+        #expect(ends.withLock { $0.contains(true) }, "round ends: \(ends.withLock { $0 })")
+        await p.disconnect()
     }
 }

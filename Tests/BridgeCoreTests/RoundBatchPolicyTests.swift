@@ -30,6 +30,20 @@ import Testing
         #expect(round(&policy, at: 125) == (false, .release))
     }
 
+    /// A round that carried more than advertisements (a notification's value) is sent at once, with what the
+    /// rounds before it held; advertisement rounds after it wait for the window again.
+    @Test func anUrgentRoundIsSentAtOnce() {
+        var policy = RoundBatchPolicy(window: 50)
+        #expect(round(&policy, at: 100) == (true, .release))
+        #expect(round(&policy, at: 110) == (true, .wait(milliseconds: 40)))
+        #expect(policy.begin() == false)
+        #expect(policy.end(now: 120, urgent: true) == .release)
+        #expect(round(&policy, at: 130) == (true, .wait(milliseconds: 40)))
+        // Urgent with nothing held: nothing to send.
+        #expect(policy.end(now: 170) == .release)
+        #expect(policy.end(now: 171, urgent: true) == .nothing)
+    }
+
     @Test func anEmptyRoundWithNothingHeldDoesNothing() {
         var policy = RoundBatchPolicy(window: 10)
         let next = policy.end(now: 5)
