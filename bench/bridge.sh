@@ -5,6 +5,7 @@
 # samples the CPU time (each process's CPU-time clock, in ns; the bridge also by thread), VmHWM and Threads of the
 # bridge, the simulator and the broker;
 # bench/bridge-report.py turns the records into figures and prints the table at the end.
+# SIM_BIN=PATH runs another bluez-sim (an older simulator, to compare arrival patterns).
 #
 #   bench/bridge.sh [--quick] [--only LIST] [--window S] [--notify-a NxHZ] [--notify-b NxHZ] [--passive NxHZ]
 #                   [--idle NxHZ] [--idle-window S]
@@ -126,7 +127,7 @@ run_scenario() {
     echo "== $name: $n devices × $rate Hz ($kind), window $window s" >&2
     python3 bench/bridge-gen.py "$gen" "$n" "$rate" "$PORT" "$dir"
 
-    "$BIN/bluez-sim" --spawn-bus --scenario "$dir/scenario.yaml" >"$dir/sim.out" 2>&1 &
+    "${SIM_BIN:-$BIN/bluez-sim}" --spawn-bus --scenario "$dir/scenario.yaml" >"$dir/sim.out" 2>&1 &
     local sim=$!
     PIDS+=("$sim")
     for _ in $(seq 1 400); do grep -q "bluez-sim: ready" "$dir/sim.out" && break; sleep 0.05; done
