@@ -127,12 +127,7 @@ import Testing
         private let done = Finish()
 
         init(address: String, interface: String, count: Int, interval: Duration) throws {
-            var error = CDBus.DBusError()
-            dbus_error_init(&error)
-            guard let raw = dbus_connection_open_private(address, &error), dbus_bus_register(raw, &error) != 0 else {
-                defer { dbus_error_free(&error) }
-                throw TestFailure("raw emitter: cannot connect: \(error.message.map { String(cString: $0) } ?? "?")")
-            }
+            let raw = try DispatchRoundTests.openRawConnection(address, for: "raw emitter")
             let connection = UncheckedBox(raw)
             let pause = timespec(
                 tv_sec: Int(interval.components.seconds),
@@ -160,6 +155,23 @@ import Testing
 
         /// Sends no more signals.
         func stop() { stopped.store(true, ordering: .relaxed) }
+    }
+
+    /// A private libdbus connection to `address`, registered on the bus, outside this process's D-Bus loop (for the
+    /// raw emitter and receiver); closed again when registering fails.
+    private static func openRawConnection(_ address: String, for role: String) throws -> OpaquePointer {
+        var error = CDBus.DBusError()
+        dbus_error_init(&error)
+        defer { dbus_error_free(&error) }
+        guard let raw = dbus_connection_open_private(address, &error) else {
+            throw TestFailure("\(role): cannot connect: \(error.message.map { String(cString: $0) } ?? "?")")
+        }
+        guard dbus_bus_register(raw, &error) != 0 else {
+            dbus_connection_close(raw)
+            dbus_connection_unref(raw)
+            throw TestFailure("\(role): cannot register: \(error.message.map { String(cString: $0) } ?? "?")")
+        }
+        return raw
     }
 
     private struct UncheckedBox<T>: @unchecked Sendable {
@@ -212,12 +224,9 @@ import Testing
         private let done = Finish()
 
         init(address: String, interface: String) throws {
+            let raw = try DispatchRoundTests.openRawConnection(address, for: "raw receiver")
             var error = CDBus.DBusError()
             dbus_error_init(&error)
-            guard let raw = dbus_connection_open_private(address, &error), dbus_bus_register(raw, &error) != 0 else {
-                defer { dbus_error_free(&error) }
-                throw TestFailure("raw receiver: cannot connect: \(error.message.map { String(cString: $0) } ?? "?")")
-            }
             dbus_bus_add_match(raw, "type='signal',interface='\(interface)'", &error)
             if dbus_error_is_set(&error) != 0 {
                 defer { dbus_error_free(&error) }
