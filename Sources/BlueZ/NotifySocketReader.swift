@@ -219,4 +219,10 @@ public enum BlueZSignalRounds {
     public static func takeCarriedMoreThanAdvertisements() -> Bool {
         carriedMore.exchange(false, ordering: .relaxed)
     }
+
+    /// Asks that the D-Bus loop's next pause under load last up to `milliseconds` (at most 64) instead of 16
+    /// (`DBusDispatchRounds.requestLongerGathering`): from `end`, after a round of advertisements only.
+    public static func requestLongerGathering(milliseconds: Int) {
+        DBusDispatchRounds.requestLongerGathering(milliseconds: milliseconds)
+    }
 }

@@ -20,6 +20,10 @@ final class SignalRoundBatcher: Sendable {
     /// gathering alone: no gain).
     static let window: Int64 = 50
 
+    /// How long the D-Bus loop lets signals gather after a round of advertisements only (its own pause is 16 ms,
+    /// which a value over StartNotify or a connection's change still gets): fewer wake-ups and rounds.
+    static let advertisementGathering: Int64 = 32
+
     private let transport: MQTTBrokerTransport
     private let policy = Mutex(RoundBatchPolicy(window: SignalRoundBatcher.window))
 
@@ -37,6 +41,8 @@ final class SignalRoundBatcher: Sendable {
     private func end() {
         let now = monotonicMicroseconds() / 1000
         let urgent = BlueZSignalRounds.takeCarriedMoreThanAdvertisements()
+        // Advertisements only: the D-Bus loop may let the next ones gather longer (their publishes wait here anyway).
+        if !urgent { BlueZSignalRounds.requestLongerGathering(milliseconds: Int(Self.advertisementGathering)) }
         switch policy.withLock({ $0.end(now: now, urgent: urgent) }) {
         case .nothing: break
         case .release: transport.releaseWrites()

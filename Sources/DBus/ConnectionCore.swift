@@ -1106,11 +1106,14 @@ final class IOLoop: Sendable {
     /// a quiet spell is read at once and dispatched without waiting. I/O thread only.
     private struct SignalLoad {
         var lastRound: UInt64 = 0
+        /// The last pause's length (ms): rounds after a longer pause are that much further apart.
+        var lastPause: Int32 = IOLoop.gatherMilliseconds
 
         /// Notes a round that dispatched signals at `now` (ns); true when the loop is under load.
         mutating func round(at now: UInt64) -> Bool {
             defer { lastRound = now }
-            return lastRound != 0 && now &- lastRound < 2 * UInt64(IOLoop.gatherMilliseconds) * 1_000_000
+            let interval = UInt64(max(IOLoop.gatherMilliseconds, lastPause)) * 1_000_000
+            return lastRound != 0 && now &- lastRound < 2 * interval
         }
     }
 
@@ -1129,11 +1132,15 @@ final class IOLoop: Sendable {
             signals += taken.signals
             if !taken.mayWait { mayWait = false }
         }
+        // Taken whatever happens next: a request is for the pause after the round that made it.
+        let requested = DBusDispatchRounds.gatheringRequest.exchange(0, ordering: .relaxed)
         guard signals > 0 else { return false }
         let underLoad = load.round(at: UInt64(clinux_monotonic_ns()))
         guard mayWait, underLoad else { return false }
-        let left = deadline == .max ? Int64(Self.gatherMilliseconds) : max(0, deadline - now)
-        let pause = Int32(min(Int64(Self.gatherMilliseconds), left))
+        let interval = requested > 0 ? requested : Self.gatherMilliseconds
+        load.lastPause = interval
+        let left = deadline == .max ? Int64(interval) : max(0, deadline - now)
+        let pause = Int32(min(Int64(interval), left))
         guard pause > 0 else { return false }
         // The loop's own wake-up socket is first; the connections' follow (rebuilt each time: a few entries).
         wakeFDs.removeSubrange(1...)
@@ -1397,5 +1404,16 @@ public enum DBusDispatchRounds {
             current = original
         }
         IOLoop.shared.wakeUnlessOnLoop()
+    }
+
+    /// The gathering the next pause asked for (ms; 0: the loop's own, `IOLoop.gatherMilliseconds`).
+    static let gatheringRequest = Atomic<Int32>(0)
+
+    /// Asks that the loop's next pause under load (see `IOLoop.gatherMilliseconds`) last up to `milliseconds` (at
+    /// most 64) instead of 16: for an observer whose round carried only what may wait longer (the bridge's
+    /// advertisements, whose publishes it holds for up to 50 ms anyway). From `end`, on the I/O thread; it applies
+    /// to the pause that follows that round only, so a round that carries anything else gets the short one.
+    public static func requestLongerGathering(milliseconds: Int) {
+        gatheringRequest.store(Int32(min(max(0, milliseconds), 64)), ordering: .relaxed)
     }
 }

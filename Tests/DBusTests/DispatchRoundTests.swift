@@ -216,6 +216,40 @@ import Testing
             "\(seen.roundsWithSignals.count) rounds for \(count) signals a millisecond or two apart")
     }
 
+    /// An observer can ask for a longer pause after its round (`requestLongerGathering`, the bridge after a round of
+    /// advertisements): under a stream a millisecond apart, rounds then come about that far apart. Other tests'
+    /// work on the shared loop may end some pauses early, so the test asks that a few rounds came 30 ms or more
+    /// after the one before (with the loop's own 16 ms pauses, none but a stalled machine's).
+    @Test func anObserverCanAskForALongerPause() async throws {
+        let fixture = try await BusFixture()
+        let listener = try fixture.connect()
+        let received = Atomic<Int>(0)
+        let subscription = try await listener.signals(
+            matching: DBusMatchRule(interface: "org.example.Longer"),
+            handler: { _ in received.add(1, ordering: .relaxed) })
+        defer { subscription.cancel() }
+        let seenBefore = Atomic<Int>(0)
+        let rounds = Mutex<[UInt64]>([])
+        let token = DBusDispatchRounds.observe(
+            .init(
+                begin: {},
+                end: {
+                    let now = received.load(ordering: .relaxed)
+                    guard now > seenBefore.exchange(now, ordering: .relaxed) else { return }
+                    rounds.withLock { $0.append(DispatchTime.now().uptimeNanoseconds) }
+                    DBusDispatchRounds.requestLongerGathering(milliseconds: 48)
+                }))
+        defer { DBusDispatchRounds.stopObserving(token) }
+        let count = 600
+        let emitter = try RawEmitter(
+            address: fixture.address, interface: "org.example.Longer", count: count, interval: .milliseconds(1))
+        await emitter.finished()
+        try await eventually(10, "every signal handled") { received.load(ordering: .relaxed) == count }
+        let times = rounds.withLock { $0 }
+        let longGaps = zip(times, times.dropFirst()).filter { $1 &- $0 >= 30_000_000 }.count
+        #expect(longGaps >= 3, "\(times.count) rounds, \(longGaps) of them 30 ms or more after the one before")
+    }
+
     /// A receiver outside this process's D-Bus loop: its own libdbus connection, read on a thread of its own; notes
     /// when (CLOCK_MONOTONIC) each signal of `interface` arrived, by member.
     private final class RawReceiver: @unchecked Sendable {
