@@ -185,6 +185,20 @@ size_t mosquitto_io_flush(mosquitto_io_buffer *buffer) {
     return left;
 }
 
+size_t mosquitto_io_send_kept(mosquitto_io_buffer *buffer) {
+    pthread_mutex_lock(&buffer->lock);
+    size_t left;
+    if (flush_locked(buffer) != 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+        left = (size_t)-1;
+    } else {
+        left = buffer->pending;
+    }
+    int saved = errno;
+    pthread_mutex_unlock(&buffer->lock);
+    errno = saved;
+    return left;
+}
+
 size_t mosquitto_io_waiting(mosquitto_io_buffer *buffer) {
     pthread_mutex_lock(&buffer->lock);
     size_t waiting = buffer->holding ? 0 : buffer->pending;

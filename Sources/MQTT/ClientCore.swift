@@ -498,6 +498,9 @@ final class ClientCore: Sendable {
             if mosquitto_socket(raw) >= 0 && mosquitto_want_write(raw) {
                 let rc = mosquitto_loop_write(raw, 1)
                 if rc != Mosquitto.success { return rc }
+                // The loop's own writes (acknowledgements, pings, publishes the window let go) never wait for
+                // another thread's hold to end (`sendHeldForTheWindow`).
+                buffers.sendHeld()
             }
             if mosquitto_socket(raw) >= 0 {
                 let rc = mosquitto_loop_misc(raw)
@@ -645,7 +648,8 @@ final class ClientCore: Sendable {
         let item = QueuedPublish(message: message, completion: completion)
         enum Decision {
             case sendNow
-            case queued(dropped: QueuedPublish?)
+            /// `windowFull`: connected, with the in-flight window full (see `sendHeldForTheWindow`).
+            case queued(dropped: QueuedPublish?, windowFull: Bool)
             case rejected
         }
         let capacity = configuration.offlineQueueCapacity
@@ -669,7 +673,7 @@ final class ClientCore: Sendable {
             }
             state.queue.append(item)
             state.statistics.queued = state.queue.count
-            return .queued(dropped: dropped)
+            return .queued(dropped: dropped, windowFull: state.connected && state.inflight >= window)
         }
         switch decision {
         case .rejected:
@@ -683,7 +687,8 @@ final class ClientCore: Sendable {
             case .failed(let error):
                 throw error
             }
-        case .queued(let dropped):
+        case .queued(let dropped, let windowFull):
+            if windowFull { sendHeldForTheWindow() }
             if let dropped {
                 dropped.completion?.complete(
                     .failure(
@@ -800,6 +805,16 @@ final class ClientCore: Sendable {
         }
     }
 
+    /// A hold (`holdWrites`) never keeps the in-flight window full: the messages in flight that it holds back are
+    /// sent at once when a publish must wait for the window, or nothing would free it before the holder's release
+    /// (with mosquitto's default Receive Maximum of 20 and the bridge's 50 ms holds, 500 advertisements a second
+    /// queued without end: about 400 left a second). The hold goes on for what is written next. What the loop
+    /// thread writes (the publishes that acknowledgements let go) is sent at once likewise (`serviceConnection`).
+    private func sendHeldForTheWindow() {
+        guard writesFromCaller else { return }
+        buffers.sendHeld()
+    }
+
     /// Hands queued messages to libmosquitto, in order, while connected and the window allows. One thread drains
     /// at a time (`draining`); new publishes queue behind it so nothing overtakes.
     func drainIfNeeded() {
@@ -812,6 +827,8 @@ final class ClientCore: Sendable {
             return true
         }
         guard start else { return }
+        var windowFull = false
+        defer { if windowFull { sendHeldForTheWindow() } }
         while true {
             let batch = state.withLock { state -> [QueuedPublish] in
                 guard state.connected else {
@@ -827,6 +844,7 @@ final class ClientCore: Sendable {
                     items.append(head)
                 }
                 if items.isEmpty { state.draining = false }
+                if !state.queue.isEmpty && state.inflight >= window { windowFull = true }
                 state.statistics.queued = state.queue.count
                 return items
             }

@@ -97,6 +97,14 @@ final class MosquittoSocketBuffers: @unchecked Sendable {
         _ = mosquitto_io_release(raw)
     }
 
+    /// Sends what is held now and goes on holding (what is written next is held again): for writes that must
+    /// not wait for the holder's release. Returns false when the socket failed.
+    @discardableResult
+    func sendHeld() -> Bool {
+        guard let raw else { return true }
+        return mosquitto_io_send_kept(raw) != -1
+    }
+
     /// True when written bytes wait for the socket to take them, or for the end of a hold.
     var hasPendingWrites: Bool { raw.map { mosquitto_io_pending($0) > 0 } ?? false }
 

@@ -401,4 +401,25 @@ private final class SocketPair {
             await client.disconnect()
         }
     }
+
+    /// A hold (as the bridge keeps over its advertisement rounds) never keeps the window full: with the broker's 20
+    /// in flight and held, the publishes behind them would wait for the release, and at the bridge's rate queue
+    /// without end. Here the hold is never released, and every publish is acknowledged all the same.
+    @Test func aHoldNeverKeepsTheWindowFull() async throws {
+        let broker = try await MosquittoBroker.start()  // mosquitto's default max_inflight_messages: 20
+        let client = try await connectedClient(configuration(broker, version: .v5))
+        #expect(client.core.window == 20)
+        client.holdWrites()
+        var deliveries: [MQTTDelivery] = []
+        for index in 0..<100 {
+            deliveries.append(
+                try client.send(MQTTOutgoingMessage(topic: "held/\(index)", payload: [1], qos: .atLeastOnce)))
+        }
+        for delivery in deliveries {
+            try await within(10, "acknowledged during the hold") { try await delivery.acknowledged() }
+        }
+        #expect(client.statistics.acknowledged == 100)
+        client.releaseWrites()
+        await client.disconnect()
+    }
 }

@@ -54,6 +54,11 @@ size_t mosquitto_io_release(mosquitto_io_buffer *buffer);
 /// During a hold it sends nothing (what is kept leaves at `mosquitto_io_release`).
 size_t mosquitto_io_flush(mosquitto_io_buffer *buffer);
 
+/// Sends what is kept now, during a hold too (the hold goes on: what is written next is kept again). Returns the
+/// bytes still waiting (the socket was full; they leave at `mosquitto_io_release`, or `mosquitto_io_flush` after
+/// it), or (size_t)-1 when the socket failed (errno says why).
+size_t mosquitto_io_send_kept(mosquitto_io_buffer *buffer);
+
 /// Bytes kept and not yet sent.
 size_t mosquitto_io_pending(mosquitto_io_buffer *buffer);
 
