@@ -550,7 +550,8 @@ final class ClientCore: Sendable {
 
     /// Holds (`true`) or sends (`false`) what is written to the broker socket: while held, the packets written are
     /// kept in the socket's write buffer (up to 16 KiB) and leave together in one write(2) when released, in order
-    /// with everything else written to the socket. Plain TCP only.
+    /// with everything else written to the socket; earlier when the in-flight window fills or the loop thread writes
+    /// (`sendHeldForTheWindow`). Plain TCP only.
     func holdWrites(_ on: Bool) {
         guard writesFromCaller else { return }
         guard on else {

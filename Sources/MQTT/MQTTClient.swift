@@ -92,8 +92,9 @@ public final class MQTTClient: Sendable {
     /// Holds back what is written to the broker until `releaseWrites()`, so that the messages published in between
     /// leave in as few TCP segments as possible (one wake-up of the broker, one burst of acknowledgements, instead
     /// of one each, and one write(2) instead of one per packet). For a caller that publishes several messages in one
-    /// go; keep the span short: nothing held leaves before `releaseWrites()` unless 16 KiB pile up. Does nothing
-    /// under TLS.
+    /// go; keep the span short: nothing held leaves before `releaseWrites()` unless 16 KiB pile up, or a publish
+    /// must wait for the in-flight window (what is held then leaves at once, and the hold goes on), or the client's
+    /// own loop writes (acknowledgements, pings). Does nothing under TLS.
     public func holdWrites() { core.holdWrites(true) }
 
     /// Sends what `holdWrites()` held back.
