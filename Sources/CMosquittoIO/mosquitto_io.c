@@ -169,16 +169,16 @@ size_t mosquitto_io_release(mosquitto_io_buffer *buffer) {
     return left;
 }
 
+// Sends what is kept; returns the bytes still waiting (the socket is full for now), or (size_t)-1 when it failed.
+static size_t send_locked(mosquitto_io_buffer *buffer) {
+    if (flush_locked(buffer) != 0 && errno != EAGAIN && errno != EWOULDBLOCK) return (size_t)-1;
+    return buffer->pending;
+}
+
 size_t mosquitto_io_flush(mosquitto_io_buffer *buffer) {
     pthread_mutex_lock(&buffer->lock);
-    size_t left = buffer->pending;
-    if (buffer->holding) {
-        // Held: it leaves at release (the loop thread must not cut a hold short because it woke up meanwhile).
-    } else if (flush_locked(buffer) != 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-        left = (size_t)-1;
-    } else {
-        left = buffer->pending;
-    }
+    // Held: it leaves at release (the loop thread must not cut a hold short because it woke up meanwhile).
+    size_t left = buffer->holding ? buffer->pending : send_locked(buffer);
     int saved = errno;
     pthread_mutex_unlock(&buffer->lock);
     errno = saved;
@@ -187,12 +187,7 @@ size_t mosquitto_io_flush(mosquitto_io_buffer *buffer) {
 
 size_t mosquitto_io_send_kept(mosquitto_io_buffer *buffer) {
     pthread_mutex_lock(&buffer->lock);
-    size_t left;
-    if (flush_locked(buffer) != 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-        left = (size_t)-1;
-    } else {
-        left = buffer->pending;
-    }
+    size_t left = send_locked(buffer);
     int saved = errno;
     pthread_mutex_unlock(&buffer->lock);
     errno = saved;

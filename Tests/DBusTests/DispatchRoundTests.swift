@@ -216,6 +216,22 @@ import Testing
             "\(seen.roundsWithSignals.count) rounds for \(count) signals a millisecond or two apart")
     }
 
+    /// Runs `ended` at the end of each dispatch round that handled signals (`count`, the signals handled so far, grew
+    /// since the round before); returns the token for `DBusDispatchRounds.stopObserving`.
+    private static func observeRoundsWithSignals(
+        count: @escaping @Sendable () -> Int, _ ended: @escaping @Sendable () -> Void
+    ) -> Int {
+        let seenBefore = Atomic<Int>(0)
+        return DBusDispatchRounds.observe(
+            .init(
+                begin: {},
+                end: {
+                    let now = count()
+                    guard now > seenBefore.exchange(now, ordering: .relaxed) else { return }
+                    ended()
+                }))
+    }
+
     /// An observer can ask for a longer pause after its round (`requestLongerGathering`, the bridge after a round of
     /// advertisements): under a stream a millisecond apart, rounds then come about that far apart. Other tests'
     /// work on the shared loop may end some pauses early, so the test asks that a few rounds came 30 ms or more
@@ -228,17 +244,11 @@ import Testing
             matching: DBusMatchRule(interface: "org.example.Longer"),
             handler: { _ in received.add(1, ordering: .relaxed) })
         defer { subscription.cancel() }
-        let seenBefore = Atomic<Int>(0)
         let rounds = Mutex<[UInt64]>([])
-        let token = DBusDispatchRounds.observe(
-            .init(
-                begin: {},
-                end: {
-                    let now = received.load(ordering: .relaxed)
-                    guard now > seenBefore.exchange(now, ordering: .relaxed) else { return }
-                    rounds.withLock { $0.append(DispatchTime.now().uptimeNanoseconds) }
-                    DBusDispatchRounds.requestLongerGathering(milliseconds: 48)
-                }))
+        let token = Self.observeRoundsWithSignals(count: { received.load(ordering: .relaxed) }) {
+            rounds.withLock { $0.append(DispatchTime.now().uptimeNanoseconds) }
+            DBusDispatchRounds.requestLongerGathering(milliseconds: 48)
+        }
         defer { DBusDispatchRounds.stopObserving(token) }
         let count = 600
         let emitter = try RawEmitter(
@@ -309,17 +319,11 @@ import Testing
         // The probe thread is let go at the end of a round with signals, once it asked for it.
         let armed = Atomic<Bool>(false)
         let roundEnded = DispatchSemaphore(value: 0)
-        let seenBefore = Atomic<Int>(0)
-        let token = DBusDispatchRounds.observe(
-            .init(
-                begin: {},
-                end: {
-                    let now = received.load(ordering: .relaxed)
-                    guard now > seenBefore.exchange(now, ordering: .relaxed) else { return }
-                    if armed.compareExchange(expected: true, desired: false, ordering: .relaxed).exchanged {
-                        roundEnded.signal()
-                    }
-                }))
+        let token = Self.observeRoundsWithSignals(count: { received.load(ordering: .relaxed) }) {
+            if armed.compareExchange(expected: true, desired: false, ordering: .relaxed).exchanged {
+                roundEnded.signal()
+            }
+        }
         defer { DBusDispatchRounds.stopObserving(token) }
         // A stream that runs until the probes are done (60 s at most).
         let emitter = try RawEmitter(
