@@ -649,8 +649,7 @@ final class ClientCore: Sendable {
         let item = QueuedPublish(message: message, completion: completion)
         enum Decision {
             case sendNow
-            /// `windowFull`: connected, with the in-flight window full (see `sendHeldForTheWindow`).
-            case queued(dropped: QueuedPublish?, windowFull: Bool)
+            case queued(dropped: QueuedPublish?)
             case rejected
         }
         let capacity = configuration.offlineQueueCapacity
@@ -674,7 +673,7 @@ final class ClientCore: Sendable {
             }
             state.queue.append(item)
             state.statistics.queued = state.queue.count
-            return .queued(dropped: dropped, windowFull: state.connected && state.inflight >= window)
+            return .queued(dropped: dropped)
         }
         switch decision {
         case .rejected:
@@ -688,8 +687,7 @@ final class ClientCore: Sendable {
             case .failed(let error):
                 throw error
             }
-        case .queued(let dropped, let windowFull):
-            if windowFull { sendHeldForTheWindow() }
+        case .queued(let dropped):
             if let dropped {
                 dropped.completion?.complete(
                     .failure(
@@ -817,19 +815,22 @@ final class ClientCore: Sendable {
     }
 
     /// Hands queued messages to libmosquitto, in order, while connected and the window allows. One thread drains
-    /// at a time (`draining`); new publishes queue behind it so nothing overtakes.
+    /// at a time (`draining`); new publishes queue behind it so nothing overtakes. When the window stops it (a
+    /// publish waits for an acknowledgement), what a hold keeps is sent (`sendHeldForTheWindow`).
     func drainIfNeeded() {
         let window = self.window
+        var windowFull = false
+        defer { if windowFull { sendHeldForTheWindow() } }
         let start = state.withLock { state -> Bool in
-            guard state.connected, !state.draining, let head = state.queue.peek(),
-                head.message.qos == .atMostOnce || state.inflight < window
-            else { return false }
+            guard state.connected, !state.draining, let head = state.queue.peek() else { return false }
+            guard head.message.qos == .atMostOnce || state.inflight < window else {
+                windowFull = true
+                return false
+            }
             state.draining = true
             return true
         }
         guard start else { return }
-        var windowFull = false
-        defer { if windowFull { sendHeldForTheWindow() } }
         while true {
             let batch = state.withLock { state -> [QueuedPublish] in
                 guard state.connected else {

@@ -98,11 +98,10 @@ final class MosquittoSocketBuffers: @unchecked Sendable {
     }
 
     /// Sends what is held now and goes on holding (what is written next is held again): for writes that must
-    /// not wait for the holder's release. Returns false when the socket failed.
-    @discardableResult
-    func sendHeld() -> Bool {
-        guard let raw else { return true }
-        return mosquitto_io_send_kept(raw) != -1
+    /// not wait for the holder's release. A failed socket is libmosquitto's to find on its next read or write.
+    func sendHeld() {
+        guard let raw else { return }
+        _ = mosquitto_io_send_kept(raw)
     }
 
     /// True when written bytes wait for the socket to take them, or for the end of a hold.
